@@ -1,0 +1,114 @@
+"""Load fairseq checkpoints with ``torch.load(weights_only=True)`` protection kept on.
+
+Since torch 2.6, ``torch.load`` unpickles only tensors and plain containers unless told otherwise,
+and every fairseq load (fairseq-generate, fairseq-interactive, ``--restore-file``, the hub API)
+fails on the ``argparse.Namespace`` that fairseq stores with the model. Instead of turning the
+protection off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), importing this plugin allows exactly the
+globals fairseq checkpoints contain, only while fairseq loads a checkpoint. Anything else is
+refused with a message that names the global and says how a user who trusts the file opts in.
+"""
+import argparse
+import functools
+import importlib
+import os
+import pickle
+from typing import Callable, List
+
+import numpy
+import torch
+from fairseq import checkpoint_utils
+
+from .errors import RealformerConfigError
+
+ALLOW_ENV = "REALFORMER_ALLOW_GLOBALS"
+
+
+class UntrustedCheckpointError(RealformerConfigError, pickle.UnpicklingError):
+    """A checkpoint holds a global that fairseq checkpoints do not contain."""
+
+
+def _numpy_globals() -> List[object]:
+    # Metrics (e.g. --eval-bleu's n-gram counts) reach the checkpoint as numpy scalars/arrays.
+    try:
+        from numpy._core import multiarray  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core import multiarray
+    allowed = [multiarray._reconstruct, multiarray.scalar, numpy.ndarray, numpy.dtype]
+    for name in ("int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64", "bool_"):
+        allowed.append(type(numpy.dtype(name)))  # numpy.dtypes.Int64DType, ...
+    return allowed
+
+
+def _user_allowed_globals() -> List[object]:
+    """Globals the user opted into with REALFORMER_ALLOW_GLOBALS=module.Name[,module.Name]."""
+    allowed = []
+    for spec in filter(None, (s.strip() for s in os.environ.get(ALLOW_ENV, "").split(","))):
+        module_name, _, attr = spec.rpartition(".")
+        try:
+            obj = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise RealformerConfigError(f"{ALLOW_ENV}: cannot import {spec!r} ({e})") from None
+        allowed.append(obj)
+    return allowed
+
+
+def allowed_globals() -> List[object]:
+    """Everything a fairseq checkpoint may contain beyond what torch allows by default."""
+    return [argparse.Namespace, *_numpy_globals(), *_user_allowed_globals()]
+
+
+def _explain(path, error: Exception) -> str:
+    unknown = []
+    try:
+        allowed = {f"{g.__module__}.{g.__qualname__}" for g in allowed_globals()}
+        unknown = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
+    except Exception:  # not a zip checkpoint, unreadable, ...: fall back to torch's own words
+        pass
+    what = ", ".join(unknown) if unknown else str(error).strip().splitlines()[0]
+    return (
+        f"checkpoint {path} contains {what}, which fairseq checkpoints do not contain, so it was "
+        f"not loaded (torch.load weights_only=True). If you trust this file, allow exactly that: "
+        f"{ALLOW_ENV}={','.join(unknown) or 'module.Name'}, or load it without protection with "
+        f"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1."
+    )
+
+
+def guarded(load: Callable) -> Callable:
+    """Wrap a loader whose first argument is a checkpoint path."""
+
+    @functools.wraps(load)
+    def load_with_allowed_globals(path, *args, **kwargs):
+        with torch.serialization.safe_globals(allowed_globals()):
+            try:
+                return load(path, *args, **kwargs)
+            except pickle.UnpicklingError as e:
+                if isinstance(e, UntrustedCheckpointError):
+                    raise
+                raise UntrustedCheckpointError(_explain(path, e)) from None
+
+    load_with_allowed_globals.__wrapped_by_realformer__ = True
+    return load_with_allowed_globals
+
+
+@guarded
+def load_checkpoint(path, map_location="cpu"):
+    """``torch.load`` a fairseq checkpoint file as fairseq would, safely (for our own scripts)."""
+    with open(path, "rb") as f:
+        return torch.load(f, map_location=map_location)
+
+
+def install() -> None:
+    """Route fairseq's checkpoint loading through the allow-list (idempotent).
+
+    fairseq's callers (generate, interactive, the trainer's restore, the hub) all look these
+    functions up on the module at call time, so replacing the module attributes covers them.
+    """
+    for name in ("load_checkpoint_to_cpu", "load_ema_from_checkpoint"):
+        load = getattr(checkpoint_utils, name)
+        if not getattr(load, "__wrapped_by_realformer__", False):
+            setattr(checkpoint_utils, name, guarded(load))
+
+
+install()

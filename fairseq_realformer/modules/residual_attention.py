@@ -1,0 +1,202 @@
+"""Residual multi-head attention (RealFormer, He et al. 2021).
+
+Every attention layer on a residual score path adds the previous layer's raw pre-softmax scores
+to its own and hands the sum on:
+
+    S_n = Q_n K_nᵀ / √d_k + S_{n-1}                      (S_0 = 0)
+    P_n = softmax(S_n + mask)              running sum   (``mode sum``)
+    P_n = softmax(S_n / n + mask)          running mean  (``mode mean``; n = layers traversed)
+
+What is carried is the *unmasked, undivided* sum S_n, as in the paper's official code: masks
+(key padding, the decoder's future mask, ``attn_mask``) and the running-mean temperature touch
+only this layer's own softmax input, never the tensor handed on. Carrying finite, unmasked
+scores keeps ``-inf`` out of the running sum, so no ``inf - inf`` or ``0 * -inf`` NaN can arise,
+and masked entries are masked again by every layer that reads them.
+
+Decoding needs no extra cache: row t of S_n depends only on row t of S_{n-1}, so each decoding
+step carries ``(B·H, 1, t)`` self-attention scores and ``(B·H, 1, S)`` cross-attention scores
+from layer to layer.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+from ..errors import RealformerConfigError
+
+
+class ResidualMultiheadAttention(MultiheadAttention):
+    """fairseq's ``MultiheadAttention`` that takes and returns the carried scores.
+
+    Subclassed for its projections (same parameter names, so state dicts are interchangeable),
+    initialisation, incremental-state buffers, beam reordering and beamable cross-attention;
+    ``forward`` is replaced because fairseq's never exposes raw scores (its fused SDPA path
+    computes none, and ``before_softmax`` returns them already masked, in place).
+
+    Args:
+        running_mean: softmax over ``S_n / n`` instead of ``S_n`` (the paper's choice for NMT).
+        Other arguments as for fairseq's ``MultiheadAttention``.
+    """
+
+    def __init__(self, embed_dim, num_heads, *, running_mean: bool = False, **kwargs):
+        for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):
+            if kwargs.get(unsupported):
+                raise RealformerConfigError(
+                    f"residual attention does not support {unsupported.replace('_', '-')}"
+                )
+        super().__init__(embed_dim, num_heads, **kwargs)
+        self.running_mean = running_mean
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = False,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        need_head_weights: bool = False,
+        prev_scores: Optional[Tensor] = None,
+        depth: int = 1,
+    ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+        """Time x Batch x Channel in, as fairseq's attention.
+
+        Args:
+            prev_scores: ``S_{n-1}``, the carried scores of the previous layer on this path,
+                ``(bsz * heads, tgt_len, src_len)``; ``None`` for the first layer.
+            depth: n, the number of attention layers this path has traversed including this
+                one (the running-mean divisor).
+
+        Returns:
+            ``(output, weights, scores)``: output ``(tgt_len, bsz, embed_dim)``; this layer's
+            attention probabilities averaged over heads (or per head with
+            *need_head_weights*) when asked for, else ``None``; and ``S_n`` to hand on,
+            unmasked, in float32 when the attention computes in float16 (a deep running sum
+            can overflow float16's 65504).
+        """
+        tgt_len, bsz, embed_dim = query.size()
+        num_heads, head_dim = self.num_heads, self.head_dim
+
+        saved_state = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if static_kv and "prev_key" in saved_state:
+                key = value = None  # encoder keys/values were projected at the first step
+
+        q = self.q_proj(query)
+        if self.self_attention:
+            k, v = self.k_proj(query), self.v_proj(query)
+        elif key is None:
+            k = v = None
+        else:
+            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == bsz:
+                # beamable cross-attention: keep one copy of the encoder states per sentence
+                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(
+                        -1, self.beam_size, key_padding_mask.size(1)
+                    )[:, 0, :]
+            k = self.k_proj(key)
+            # fairseq's cross-attention projects values from the key input too
+            v = self.v_proj(key if self.encoder_decoder_attention else value)
+        q = (q * self.scaling).view(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
+        kv_bsz = bsz
+        if k is not None:
+            kv_bsz = k.size(1)
+            k = k.view(-1, kv_bsz * num_heads, head_dim).transpose(0, 1)
+            v = v.view(-1, kv_bsz * num_heads, head_dim).transpose(0, 1)
+
+        if saved_state is not None:
+            k, v, key_padding_mask, kv_bsz = self._extend_cache(
+                incremental_state, saved_state, k, v, key_padding_mask, static_kv
+            )
+        src_len = k.size(1)
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+
+        # S_n = Q Kᵀ/√d + S_{n-1}; baddbmm adds the carried scores inside the GEMM.
+        beamable = self.encoder_decoder_attention and bsz != kv_bsz
+        if beamable:
+            scores = torch.einsum(
+                "bxhtd,bhsd->bxhts",
+                q.view(kv_bsz, -1, num_heads, tgt_len, head_dim),
+                k.view(kv_bsz, num_heads, src_len, head_dim),
+            ).reshape(bsz * num_heads, tgt_len, src_len)
+            if prev_scores is not None:
+                scores = prev_scores + scores
+        elif prev_scores is None:
+            scores = torch.bmm(q, k.transpose(1, 2))
+        elif prev_scores.dtype == q.dtype:
+            scores = torch.baddbmm(prev_scores, q, k.transpose(1, 2))
+        else:  # float32 carry, float16 GEMM: the sum is promoted to float32
+            scores = prev_scores + torch.bmm(q, k.transpose(1, 2))
+        if scores.dtype == torch.float16:
+            scores = scores.float()
+
+        # This layer's softmax input: the running-mean temperature and the masks, out of place
+        # (`scores` is handed on and must stay unmasked); once a fresh tensor exists, in place.
+        logits, fresh = scores, False
+        if self.running_mean and depth > 1:
+            logits, fresh = scores / depth, True
+        if attn_mask is not None:
+            logits = logits.add_(attn_mask) if fresh else logits + attn_mask
+            fresh = True
+        if key_padding_mask is not None:
+            padding = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, 1, src_len)
+            logits5d = logits.view(kv_bsz, -1, num_heads, tgt_len, src_len)
+            logits5d = (
+                logits5d.masked_fill_(padding, float("-inf"))
+                if fresh
+                else logits5d.masked_fill(padding, float("-inf"))
+            )
+            logits = logits5d.view(bsz * num_heads, tgt_len, src_len)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        attn_probs = self.dropout_module(probs.to(v.dtype))
+
+        if beamable:
+            attn = torch.einsum(
+                "bxhts,bhsd->bxhtd",
+                attn_probs.view(kv_bsz, -1, num_heads, tgt_len, src_len),
+                v.view(kv_bsz, num_heads, src_len, head_dim),
+            ).reshape(bsz * num_heads, tgt_len, head_dim)
+        else:
+            attn = torch.bmm(attn_probs, v)
+        attn = attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim)
+        attn = self.out_proj(attn)
+
+        weights: Optional[Tensor] = None
+        if need_weights or need_head_weights:
+            weights = probs.view(bsz, num_heads, tgt_len, src_len).transpose(1, 0)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)  # fairseq's default: averaged over heads
+        return attn, weights, scores
+
+    def _extend_cache(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
+        """Prepend cached keys/values (decoder self-attention) or reuse them (cross-attention),
+        and store the result, as fairseq's ``MultiheadAttention`` does."""
+        kv_bsz = k.size(0) // self.num_heads if k is not None else None
+        if "prev_key" in saved_state:
+            prev_key = saved_state["prev_key"]
+            kv_bsz = prev_key.size(0)
+            prev_key = prev_key.view(kv_bsz * self.num_heads, -1, self.head_dim)
+            prev_value = saved_state["prev_value"].view(kv_bsz * self.num_heads, -1, self.head_dim)
+            if static_kv:
+                k, v = prev_key, prev_value
+            else:
+                k, v = torch.cat([prev_key, k], dim=1), torch.cat([prev_value, v], dim=1)
+        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+            key_padding_mask=key_padding_mask,
+            prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+            batch_size=kv_bsz,
+            src_len=k.size(1),
+            static_kv=static_kv,
+        )
+        saved_state["prev_key"] = k.view(kv_bsz, self.num_heads, -1, self.head_dim)
+        saved_state["prev_value"] = v.view(kv_bsz, self.num_heads, -1, self.head_dim)
+        saved_state["prev_key_padding_mask"] = key_padding_mask
+        self._set_input_buffer(incremental_state, saved_state)
+        return k, v, key_padding_mask, kv_bsz

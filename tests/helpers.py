@@ -1,0 +1,97 @@
+"""Tiny models and batches for the tests, built through fairseq's own argument parser."""
+import os
+from typing import Sequence
+
+import torch
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+import fairseq_realformer
+
+USER_DIR = os.path.dirname(os.path.abspath(fairseq_realformer.__file__))
+REPO = os.path.dirname(USER_DIR)
+
+EMBED, FFN, HEADS, LAYERS = 16, 32, 2, 3
+TINY = [
+    "--encoder-embed-dim", str(EMBED), "--encoder-ffn-embed-dim", str(FFN),
+    "--encoder-attention-heads", str(HEADS), "--encoder-layers", str(LAYERS),
+    "--decoder-embed-dim", str(EMBED), "--decoder-ffn-embed-dim", str(FFN),
+    "--decoder-attention-heads", str(HEADS), "--decoder-layers", str(LAYERS),
+    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+]  # fmt: skip
+
+PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross",
+             "decoder,cross", "all"]  # fmt: skip
+MODES = ["sum", "mean"]
+BACKBONES = ["post-ln", "pre-ln", "admin"]
+
+
+def paths_of(spec: str):
+    return {"none": set(), "all": {"encoder", "decoder", "cross"}}.get(spec, set(spec.split(",")))
+
+
+def make_dictionary(n_words: int = 20) -> Dictionary:
+    d = Dictionary()
+    for i in range(n_words):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+class FakeTask:
+    """What ``build_model`` reads from a translation task: its dictionaries."""
+
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+
+
+def parse_args(arch: str, *flags: str):
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(
+        parser, ["/no/data", "--arch", arch, "--user-dir", USER_DIR, *TINY, *flags]
+    )
+
+
+def build_model(arch: str = "realformer", *flags: str, dictionary=None, seed: int = 0):
+    """A tiny model in eval mode, its parameters drawn from *seed*."""
+    args = parse_args(arch, *flags)
+    torch.manual_seed(seed)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, FakeTask(dictionary or make_dictionary()))
+    return model.eval()
+
+
+def realformer(paths: str = "all", mode: str = "mean", backbone: str = "admin", *flags, **kw):
+    return build_model(
+        "realformer",
+        "--residual-attention-paths", paths,
+        "--residual-attention-mode", mode,
+        "--backbone", backbone,
+        *flags,
+        **kw,
+    )  # fmt: skip
+
+
+def perturb_(model, seed: int = 1, scale: float = 0.3):
+    """Move every parameter away from its initial value (biases 0, LN 1/0, ω constant), so
+    that no term of the computation hides behind a degenerate value."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+def random_batch(dictionary, lengths: Sequence[int], tgt_lengths: Sequence[int], seed: int = 0):
+    """Left-padded sources and right-padded decoder inputs (fairseq's translation defaults)."""
+    g = torch.Generator().manual_seed(seed)
+    pad, eos, nspecial = dictionary.pad(), dictionary.eos(), dictionary.nspecial
+    src = torch.full((len(lengths), max(lengths)), pad)
+    for i, n in enumerate(lengths):
+        src[i, max(lengths) - n :] = torch.randint(nspecial, len(dictionary), (n,), generator=g)
+        src[i, -1] = eos
+    prev = torch.full((len(tgt_lengths), max(tgt_lengths)), pad)
+    for i, n in enumerate(tgt_lengths):
+        prev[i, :n] = torch.randint(nspecial, len(dictionary), (n,), generator=g)
+        prev[i, 0] = eos  # decoder input starts with EOS, as fairseq's collater builds it
+    return src, torch.tensor(list(lengths)), prev
+

@@ -1,0 +1,149 @@
+"""An independent reference for the RealFormer encoder-decoder, written from the equations.
+
+It shares no code with the plugin: it reads the model's parameters by name and recomputes
+everything with plain tensor algebra, batch x heads x query x key, one head dimension per
+index. Only the token/position embedding modules (fairseq's, not ours) are called.
+
+    S_n = Q_n K_nᵀ / √d + S_{n-1}                 (S_0 = 0; carried only on a residual path)
+    P_n = softmax(mask(S_n))           (sum)
+    P_n = softmax(mask(S_n / n))       (mean)
+    post-ln: LN(x + f(x))   pre-ln: x + f(LN(x))   admin: LN(x·ω + f(x))
+"""
+import math
+from typing import Dict, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+NEG_INF = float("-inf")
+
+
+def _linear(x, params, name):
+    return x @ params[f"{name}.weight"].T + params[f"{name}.bias"]
+
+
+def _layer_norm(x, params, name):
+    return F.layer_norm(x, x.shape[-1:], params[f"{name}.weight"], params[f"{name}.bias"])
+
+
+def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode):
+    """One attention module. x_q (B, Tq, C), x_kv (B, Tk, C); masked (B, 1|Tq, Tk) bool.
+    Returns (output (B, Tq, C), S_n (B, H, Tq, Tk), probabilities (B, H, Tq, Tk))."""
+    B, Tq, C = x_q.shape
+    Tk, d = x_kv.shape[1], C // heads
+
+    def split(t, T):
+        return t.view(B, T, heads, d).transpose(1, 2)  # (B, H, T, d)
+
+    q = split(_linear(x_q, params, f"{name}.q_proj"), Tq)
+    k = split(_linear(x_kv, params, f"{name}.k_proj"), Tk)
+    v = split(_linear(x_kv, params, f"{name}.v_proj"), Tk)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(d)
+    if prev is not None:
+        scores = scores + prev
+    logits = scores / n if mode == "mean" else scores
+    logits = logits.masked_fill(masked.unsqueeze(1), NEG_INF)
+    probs = torch.softmax(logits, dim=-1)
+    out = torch.einsum("bhqk,bhkd->bhqd", probs, v).transpose(1, 2).reshape(B, Tq, C)
+    return _linear(out, params, f"{name}.out_proj"), scores, probs
+
+
+def residual_sublayer(x, f, params, ln_name, omega_name, backbone):
+    if backbone == "pre-ln":
+        return x + f(_layer_norm(x, params, ln_name))
+    residual = x * params[omega_name] if backbone == "admin" else x
+    return _layer_norm(residual + f(x), params, ln_name)
+
+
+def feed_forward(x, params, name):
+    return _linear(torch.relu(_linear(x, params, f"{name}.fc1")), params, f"{name}.fc2")
+
+
+def reference_forward(
+    model,
+    src_tokens,
+    prev_output_tokens,
+    *,
+    paths,
+    mode: str,
+    backbone: str,
+    heads: int,
+    encoder_layers: Optional[Sequence[int]] = None,
+    decoder_layers: Optional[Sequence[int]] = None,
+) -> Dict[str, torch.Tensor]:
+    """Encoder output (B, S, C), decoder logits (B, T, V) and every layer's carried scores.
+
+    *encoder_layers* / *decoder_layers* list the layer indices to run (all by default), to
+    emulate LayerDrop: n then counts the layers actually run.
+    """
+    params = dict(model.state_dict())
+
+    def path_mode(path):  # a path that is off is plain attention: no carry, no temperature
+        return mode if path in paths else "sum"
+
+    enc, dec = model.encoder, model.decoder
+    pad = enc.padding_idx
+    n_enc = sum(1 for k in params if k.endswith("self_attn.q_proj.weight") and k.startswith("encoder."))
+    n_dec = sum(1 for k in params if k.endswith("self_attn.q_proj.weight") and k.startswith("decoder."))
+    encoder_layers = range(n_enc) if encoder_layers is None else encoder_layers
+    decoder_layers = range(n_dec) if decoder_layers is None else decoder_layers
+
+    # Encoder
+    src_pad = src_tokens.eq(pad)  # (B, S)
+    x = enc.embed_scale * enc.embed_tokens(src_tokens) + enc.embed_positions(src_tokens)
+    x = x * (~src_pad).unsqueeze(-1)
+    carried, out = None, {"encoder_scores": [], "decoder_scores": [], "cross_scores": []}
+    for n, i in enumerate(encoder_layers, start=1):
+        p = f"encoder.layers.{i}"
+
+        def self_attn(h):
+            nonlocal carried
+            o, s, _ = attention(h, h, params, f"{p}.self_attn", heads, src_pad.unsqueeze(1),
+                                carried, n, path_mode("encoder"))  # fmt: skip
+            carried = s if "encoder" in paths else None
+            out["encoder_scores"].append(s)
+            return o
+
+        x = residual_sublayer(x, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega", backbone)
+        x = residual_sublayer(x, lambda h: feed_forward(h, params, p), params,
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone)  # fmt: skip
+    if backbone == "pre-ln":
+        x = _layer_norm(x, params, "encoder.layer_norm")
+    encoder_out = x
+
+    # Decoder
+    T = prev_output_tokens.size(1)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1).unsqueeze(0)  # (1, T, T)
+    self_masked = future | prev_output_tokens.eq(pad).unsqueeze(1)
+    y = dec.embed_scale * dec.embed_tokens(prev_output_tokens) + dec.embed_positions(prev_output_tokens)
+    self_carried = cross_carried = None
+    for n, i in enumerate(decoder_layers, start=1):
+        p = f"decoder.layers.{i}"
+
+        def self_attn(h):
+            nonlocal self_carried
+            o, s, _ = attention(h, h, params, f"{p}.self_attn", heads, self_masked, self_carried, n,
+                                path_mode("decoder"))  # fmt: skip
+            self_carried = s if "decoder" in paths else None
+            out["decoder_scores"].append(s)
+            return o
+
+        def cross_attn(h):
+            nonlocal cross_carried
+            o, s, probs = attention(h, encoder_out, params, f"{p}.encoder_attn", heads,
+                                    src_pad.unsqueeze(1), cross_carried, n, path_mode("cross"))  # fmt: skip
+            cross_carried = s if "cross" in paths else None
+            out["cross_scores"].append(s)
+            out["cross_probs"] = probs
+            return o
+
+        y = residual_sublayer(y, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega", backbone)
+        y = residual_sublayer(y, cross_attn, params, f"{p}.encoder_attn_layer_norm",
+                              f"{p}.encoder_attn_omega", backbone)  # fmt: skip
+        y = residual_sublayer(y, lambda h: feed_forward(h, params, p), params,
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone)  # fmt: skip
+    if backbone == "pre-ln":
+        y = _layer_norm(y, params, "decoder.layer_norm")
+    out["encoder_out"] = encoder_out
+    out["logits"] = y @ params["decoder.output_projection.weight"].T
+    return out

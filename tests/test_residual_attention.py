@@ -1,0 +1,172 @@
+"""The attention core: what it computes, what it hands on, and that it is fairseq's when off."""
+import math
+
+import pytest
+import torch
+from fairseq.modules import MultiheadAttention
+
+from fairseq_realformer.modules import ResidualMultiheadAttention
+
+EMBED, HEADS, B, T, S = 16, 4, 3, 5, 7
+
+
+def pair(seed=0, **kwargs):
+    """fairseq's attention and ours, with the same (perturbed) weights."""
+    torch.manual_seed(seed)
+    theirs = MultiheadAttention(EMBED, HEADS, **kwargs).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    ours = ResidualMultiheadAttention(EMBED, HEADS, **kwargs).eval()
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+def padding(lengths, width, left=True):
+    """Key padding mask (True = pad): encoder sources are left-padded, decoder inputs right-padded."""
+    positions = torch.arange(width).unsqueeze(0)
+    lengths = torch.tensor(lengths).unsqueeze(1)
+    return positions < width - lengths if left else positions >= lengths
+
+
+def future_mask(n):
+    return torch.full((n, n), float("-inf")).triu(1)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_self_attention_without_prev_is_fairseqs(train):
+    theirs, ours = pair(self_attention=True)
+    theirs.train(train), ours.train(train)
+    x = torch.randn(T, B, EMBED)
+    kpm = padding([5, 3, 4], T, left=False)
+    mask = future_mask(T)
+    want, _ = theirs(x, x, x, key_padding_mask=kpm, attn_mask=mask.clone(), need_weights=False)
+    got, _, _ = ours(x, x, x, key_padding_mask=kpm, attn_mask=mask.clone())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("need_head_weights", [False, True], ids=["head-averaged", "per-head"])
+def test_cross_attention_without_prev_is_fairseqs(need_head_weights):
+    theirs, ours = pair(encoder_decoder_attention=True)
+    q, enc = torch.randn(T, B, EMBED), torch.randn(S, B, EMBED)
+    kpm = padding([7, 2, 5], S)
+    want, want_w = theirs(q, enc, enc, key_padding_mask=kpm, static_kv=True,
+                          need_weights=True, need_head_weights=need_head_weights)  # fmt: skip
+    got, got_w, _ = ours(q, enc, enc, key_padding_mask=kpm, static_kv=True,
+                         need_weights=True, need_head_weights=need_head_weights)  # fmt: skip
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_w, want_w, rtol=0, atol=1e-6)
+    assert got_w.shape == ((HEADS, B, T, S) if need_head_weights else (B, T, S))
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_incremental_steps_without_prev_are_fairseqs(kind):
+    kwargs = {"self_attention": True} if kind == "self" else {"encoder_decoder_attention": True}
+    theirs, ours = pair(**kwargs)
+    enc, kpm = torch.randn(S, B, EMBED), padding([7, 2, 5], S)
+    state_theirs, state_ours = {}, {}
+    for t in range(T):
+        x = torch.randn(1, B, EMBED)
+        if kind == "self":
+            want, _ = theirs(x, x, x, incremental_state=state_theirs)
+            got, _, scores = ours(x, x, x, incremental_state=state_ours)
+            assert scores.shape == (B * HEADS, 1, t + 1)
+        else:
+            want, _ = theirs(x, enc, enc, key_padding_mask=kpm, incremental_state=state_theirs, static_kv=True)
+            got, _, scores = ours(x, enc, enc, key_padding_mask=kpm, incremental_state=state_ours, static_kv=True)
+            assert scores.shape == (B * HEADS, 1, S)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_beamable_cross_attention_equals_per_hypothesis():
+    """fairseq's beamable mode (``set_beam_size``) keeps one copy of the encoder keys per
+    sentence; with carried scores it must give what per-hypothesis attention gives."""
+    _, ours = pair(encoder_decoder_attention=True)
+    beam, sentences = 4, 2
+    enc = torch.randn(S, sentences, EMBED).repeat_interleave(beam, dim=1)
+    kpm = padding([7, 3], S).repeat_interleave(beam, dim=0)
+    results = []
+    for beam_size in (1, beam):
+        ours.set_beam_size(beam_size)
+        torch.manual_seed(0)
+        state, step_results = {}, []
+        for _ in range(2):  # first step projects the encoder states, the second reads the cache
+            q = torch.randn(1, sentences * beam, EMBED)
+            prev = torch.randn(sentences * beam * HEADS, 1, S)
+            step_results.append(ours(q, enc, enc, key_padding_mask=kpm, incremental_state=state,
+                                     static_kv=True, prev_scores=prev, depth=2, need_weights=True))  # fmt: skip
+        results.append(step_results)
+    for per_hypothesis, beamable in zip(*results):
+        for want, got in zip(per_hypothesis, beamable):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def raw_scores(module, query, key):
+    """Q Kᵀ / √d per head, written out: (B*H, Tq, Tk) in fairseq's batch-major head order."""
+    d = EMBED // HEADS
+    q = (query @ module.q_proj.weight.T + module.q_proj.bias).view(query.size(0), -1, d)
+    k = (key @ module.k_proj.weight.T + module.k_proj.bias).view(key.size(0), -1, d)
+    return torch.einsum("qnd,knd->nqk", q, k) / math.sqrt(d)
+
+
+@pytest.mark.parametrize("running_mean", [False, True], ids=["sum", "mean"])
+def test_hands_on_the_unmasked_sum_out_of_place(running_mean):
+    _, ours = pair(self_attention=True)
+    ours.running_mean = running_mean
+    x = torch.randn(T, B, EMBED)
+    prev = torch.randn(B * HEADS, T, T)
+    prev_before = prev.clone()
+    kpm, mask = padding([5, 3, 4], T, left=False), future_mask(T)
+    depth = 3
+    _, weights, scores = ours(x, x, x, key_padding_mask=kpm, attn_mask=mask, prev_scores=prev,
+                              need_head_weights=True, depth=depth)  # fmt: skip
+
+    expected = raw_scores(ours, x, x) + prev_before
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(scores).all(), "masked entries must not enter the carried sum"
+    assert torch.equal(prev, prev_before), "the previous layer's scores were modified in place"
+    assert scores.data_ptr() != prev.data_ptr()
+
+    # this layer's own softmax: masked, and divided by n for the running mean
+    logits = (expected / depth if running_mean else expected).view(B, HEADS, T, T)
+    logits = logits + mask
+    logits = logits.masked_fill(kpm.view(B, 1, 1, T), float("-inf"))
+    torch.testing.assert_close(weights, logits.softmax(-1).transpose(0, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_carried_scores_are_not_aliased_by_the_next_layer():
+    """The second layer masks in place only its own tensors, never the carry it received."""
+    _, first = pair(self_attention=True, seed=0)
+    _, second = pair(self_attention=True, seed=1)
+    x, kpm, mask = torch.randn(T, B, EMBED), padding([5, 3, 4], T, left=False), future_mask(T)
+    for running_mean in (False, True):
+        second.running_mean = running_mean
+        _, _, s1 = first(x, x, x, key_padding_mask=kpm, attn_mask=mask)
+        s1_before = s1.clone()
+        second(x, x, x, key_padding_mask=kpm, attn_mask=mask, prev_scores=s1, depth=2)
+        assert torch.equal(s1, s1_before)
+
+
+def test_float16_carry_is_float32_and_does_not_overflow():
+    _, ours = pair(self_attention=True)
+    ours = ours.half()
+    x = torch.randn(T, B, EMBED).half()
+    # a carried sum already beyond float16's range (65504)
+    prev = torch.full((B * HEADS, T, T), 70000.0)
+    try:
+        out, _, scores = ours(x, x, x, prev_scores=prev, depth=2)
+    except RuntimeError as e:  # pragma: no cover - CPU builds without float16 GEMM
+        pytest.skip(f"float16 matmul unavailable on this CPU build: {e}")
+    assert scores.dtype == torch.float32 and out.dtype == torch.float16
+    assert torch.isfinite(scores).all() and torch.isfinite(out).all()
+    _, _, first = ours(x, x, x)
+    assert first.dtype == torch.float32, "the first layer must start the carry in float32"
+
+
+def test_bfloat16_carry_stays_bfloat16():
+    _, ours = pair(self_attention=True)
+    ours = ours.to(torch.bfloat16)
+    x = torch.randn(T, B, EMBED, dtype=torch.bfloat16)
+    _, _, s1 = ours(x, x, x)
+    _, _, s2 = ours(x, x, x, prev_scores=s1, depth=2)
+    assert s1.dtype == s2.dtype == torch.bfloat16
