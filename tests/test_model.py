@@ -286,3 +286,16 @@ def test_layerdrop_counts_the_layers_actually_run():
 def test_impossible_flag_combinations_name_the_flags(flags, names):
     with pytest.raises(RealformerConfigError, match=names):
         build_model("realformer_iwslt_de_en", *flags, dictionary=DICT)
+
+
+def test_activation_checkpointing_gives_the_same_outputs_and_gradients():
+    src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
+    results = []
+    for flags in ([], ["--checkpoint-activations"]):
+        model = perturb_(realformer("all", "mean", "admin", *flags, dictionary=DICT)).train()
+        logits, _ = model(src, src_len, prev)
+        logits.sum().backward()
+        results.append((logits.detach(), model.encoder.layers[0].self_attn.q_proj.weight.grad))
+    (want, want_grad), (got, got_grad) = results
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,85 @@
+"""Checkpoints load under torch.load(weights_only=True) with exactly fairseq's globals allowed."""
+import argparse
+import fractions
+import os
+
+import numpy
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_realformer.checkpoints import ALLOW_ENV, UntrustedCheckpointError, load_checkpoint
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo this must never run",))
+
+
+def fairseq_like_state(**extra_state):
+    """What fairseq's trainer saves: args/cfg with a Namespace, weights, numpy metrics."""
+    model_args = argparse.Namespace(arch="realformer_wmt_en_de", residual_attention_paths="all")
+    return {
+        "args": None,
+        "cfg": {"model": model_args, "common": {"seed": 1}, "task": {"_name": "translation"}},
+        "model": {"encoder.embed_tokens.weight": torch.randn(4, 2)},
+        "optimizer_history": [
+            {
+                "criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                "optimizer_name": "FairseqAdam",
+                "lr_scheduler_state": {"best": numpy.float64(2.5)},
+                "num_updates": 3,
+            }
+        ],
+        "extra_state": {
+            "train_iterator": {"epoch": 1, "iterations_in_epoch": 3},
+            "metrics": {"valid": {"_bleu_counts_0": numpy.int64(17), "_bleu_totals": numpy.array([4, 3])}},
+            "best": numpy.float64(1.5),
+            **extra_state,
+        },
+    }
+
+
+@pytest.fixture
+def no_trust_env(monkeypatch):
+    for name in ("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_WEIGHTS_ONLY_LOAD", ALLOW_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_fairseq_checkpoint_loads_without_environment_variables(tmp_path, no_trust_env):
+    path = tmp_path / "checkpoint.pt"
+    torch.save(fairseq_like_state(), path)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert state["cfg"]["model"].arch == "realformer_wmt_en_de"
+    assert state["extra_state"]["metrics"]["valid"]["_bleu_counts_0"] == 17
+    assert load_checkpoint(str(path))["extra_state"]["best"] == 1.5
+
+
+def test_unknown_global_is_refused_with_how_to_opt_in(tmp_path, no_trust_env, monkeypatch):
+    path = tmp_path / "odd.pt"
+    torch.save(fairseq_like_state(ratio=fractions.Fraction(1, 3)), path)
+    with pytest.raises(UntrustedCheckpointError) as error:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    message = str(error.value)
+    assert str(path) in message and "fractions.Fraction" in message
+    assert f"{ALLOW_ENV}=fractions.Fraction" in message  # how a user who trusts it opts in
+
+    monkeypatch.setenv(ALLOW_ENV, "fractions.Fraction")
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert state["extra_state"]["ratio"] == fractions.Fraction(1, 3)
+
+
+def test_code_in_a_pickle_never_runs(tmp_path, no_trust_env, capfd):
+    path = tmp_path / "evil.pt"
+    torch.save(fairseq_like_state(payload=_RunsCode()), path)
+    with pytest.raises(UntrustedCheckpointError, match="system"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert "must never run" not in capfd.readouterr().out
+
+
+def test_allow_list_is_scoped_to_checkpoint_loading(tmp_path, no_trust_env):
+    """Plain torch.load elsewhere in the process keeps torch's own, stricter defaults."""
+    path = tmp_path / "namespace.pt"
+    torch.save({"args": argparse.Namespace(a=1)}, path)
+    with pytest.raises(Exception, match="Namespace"):
+        torch.load(path)
