@@ -6,7 +6,7 @@ from .errors import RealformerConfigError
 # The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
 PATHS = ("encoder", "decoder", "cross")
 MODES = ("sum", "mean")
-BACKBONES = ("post-ln", "pre-ln", "admin")
+BACKBONES = ("post-ln", "pre-ln", "admin", "deepnorm")
 
 
 def parse_paths(spec) -> FrozenSet[str]:

@@ -7,7 +7,10 @@ index. Only the token/position embedding modules (fairseq's, not ours) are calle
     S_n = Q_n K_nᵀ / √d + S_{n-1}                 (S_0 = 0; carried only on a residual path)
     P_n = softmax(mask(S_n))           (sum)
     P_n = softmax(mask(S_n / n))       (mean)
-    post-ln: LN(x + f(x))   pre-ln: x + f(LN(x))   admin: LN(x·ω + f(x))
+    post-ln: LN(x + f(x))   pre-ln: x + f(LN(x))   admin: LN(x·ω + f(x))   deepnorm: LN(α·x + f(x))
+
+With ``profile=True`` it also recomputes ADMIN's profiling: ω_i = ratio, then
+ratio = sqrt(Var(x·ω_i) + Var(f(x))) over the real tokens, ratio starting at 1 per stack.
 """
 import math
 from typing import Dict, Optional, Sequence
@@ -48,11 +51,30 @@ def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode):
     return _linear(out, params, f"{name}.out_proj"), scores, probs
 
 
-def residual_sublayer(x, f, params, ln_name, omega_name, backbone):
+class Profile:
+    """ADMIN's running ratio for one stack; *real* (B, T) marks real tokens."""
+
+    def __init__(self, real):
+        self.real, self.ratio, self.omegas = real, 1.0, []
+
+    def omega(self, x, branch):
+        omega = self.ratio
+        self.omegas.append(omega)
+        var = lambda t: t[self.real].var(unbiased=False).item()  # noqa: E731
+        self.ratio = math.sqrt(var(x * omega) + var(branch))
+        return omega
+
+
+def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, profile=None):
     if backbone == "pre-ln":
         return x + f(_layer_norm(x, params, ln_name))
-    residual = x * params[omega_name] if backbone == "admin" else x
-    return _layer_norm(residual + f(x), params, ln_name)
+    branch = f(x)
+    if backbone == "admin":
+        omega = profile.omega(x, branch) if profile else params[omega_name]
+        return _layer_norm(x * omega + branch, params, ln_name)
+    if backbone == "deepnorm":
+        return _layer_norm(alpha * x + branch, params, ln_name)
+    return _layer_norm(x + branch, params, ln_name)
 
 
 def feed_forward(x, params, name):
@@ -70,6 +92,7 @@ def reference_forward(
     heads: int,
     encoder_layers: Optional[Sequence[int]] = None,
     decoder_layers: Optional[Sequence[int]] = None,
+    profile: bool = False,
 ) -> Dict[str, torch.Tensor]:
     """Encoder output (B, S, C), decoder logits (B, T, V) and every layer's carried scores.
 
@@ -87,6 +110,10 @@ def reference_forward(
     n_dec = sum(1 for k in params if k.endswith("self_attn.q_proj.weight") and k.startswith("decoder."))
     encoder_layers = range(n_enc) if encoder_layers is None else encoder_layers
     decoder_layers = range(n_dec) if decoder_layers is None else decoder_layers
+    # DeepNet's α for an encoder-decoder (N encoder, M decoder layers)
+    enc_alpha, dec_alpha = 0.81 * (n_enc**4 * n_dec) ** (1 / 16), (3 * n_dec) ** (1 / 4)
+    enc_profile = Profile(~src_tokens.eq(pad)) if profile else None
+    dec_profile = Profile(~prev_output_tokens.eq(pad)) if profile else None
 
     # Encoder
     src_pad = src_tokens.eq(pad)  # (B, S)
@@ -104,9 +131,10 @@ def reference_forward(
             out["encoder_scores"].append(s)
             return o
 
-        x = residual_sublayer(x, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega", backbone)
+        x = residual_sublayer(x, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
+                              backbone, enc_alpha, enc_profile)  # fmt: skip
         x = residual_sublayer(x, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone)  # fmt: skip
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, enc_alpha, enc_profile)  # fmt: skip
     if backbone == "pre-ln":
         x = _layer_norm(x, params, "encoder.layer_norm")
     encoder_out = x
@@ -137,13 +165,16 @@ def reference_forward(
             out["cross_probs"] = probs
             return o
 
-        y = residual_sublayer(y, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega", backbone)
+        y = residual_sublayer(y, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
+                              backbone, dec_alpha, dec_profile)  # fmt: skip
         y = residual_sublayer(y, cross_attn, params, f"{p}.encoder_attn_layer_norm",
-                              f"{p}.encoder_attn_omega", backbone)  # fmt: skip
+                              f"{p}.encoder_attn_omega", backbone, dec_alpha, dec_profile)  # fmt: skip
         y = residual_sublayer(y, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone)  # fmt: skip
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, dec_alpha, dec_profile)  # fmt: skip
     if backbone == "pre-ln":
         y = _layer_norm(y, params, "decoder.layer_norm")
     out["encoder_out"] = encoder_out
     out["logits"] = y @ params["decoder.output_projection.weight"].T
+    if profile:
+        out["encoder_omegas"], out["decoder_omegas"] = enc_profile.omegas, dec_profile.omegas
     return out

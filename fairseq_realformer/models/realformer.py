@@ -5,6 +5,8 @@ attention), on a Post-LN, Pre-LN or ADMIN backbone.
 With ``--residual-attention-paths none`` and ``--backbone post-ln`` (or ``pre-ln``) it is
 fairseq's ``transformer``: same modules, same parameter names, same outputs.
 """
+import logging
+import os
 from typing import Dict, List, Optional
 
 import torch
@@ -22,8 +24,10 @@ from torch import Tensor
 
 from ..config import BACKBONES, MODES, PATHS, parse_paths
 from ..errors import RealformerConfigError
-from ..modules.admin import ADMIN_INITS
+from ..modules import admin
 from ..modules.layers import RealformerDecoderLayer, RealformerEncoderLayer
+
+logger = logging.getLogger(__name__)
 
 
 def _wrap_layer(layer, cfg):
@@ -206,20 +210,107 @@ class RealformerModel(TransformerModel):
             "--backbone",
             choices=BACKBONES,
             help="post-ln: LN(x + f(x)); pre-ln: x + f(LN(x)); admin: LN(x*omega + f(x)) "
-            "with a trainable per-channel omega (Liu et al. 2020)",
+            "with a trainable per-channel omega (Liu et al. 2020); deepnorm: LN(alpha*x + f(x)) "
+            "with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
         )
         parser.add_argument(
             "--admin-init",
-            choices=ADMIN_INITS,
-            help="how ADMIN's omega is initialised: closed-form: "
-            "omega = sqrt((N+1)/ln(N+1) - 1), N = residual sublayers of the stack",
+            choices=admin.ADMIN_INITS,
+            help="how ADMIN's omega is initialised: closed-form: omega = sqrt((N+1)/ln(N+1) - 1), "
+            "N = residual sublayers of the stack; profile: one forward pass on a training batch "
+            "before the first update (the ADMIN paper's method; stored in the checkpoints)",
         )
+        parser.add_argument(
+            "--admin-init-path",
+            metavar="FILE",
+            help="initialise ADMIN's omega from a Transformer-Clinic profile.ratio.init "
+            "before the first update (stored in the checkpoints; the file is not needed later)",
+        )
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        self._admin_pending = False
+        if args.backbone == "admin" and admin.initialized_from_data(args):
+            # 1 once ω are set from data; checkpoints carry it, so a resumed run never re-profiles
+            self.register_buffer("admin_initialized", torch.zeros(()))
+            self._admin_pending = True
+            self.register_load_state_dict_post_hook(_refresh_admin_pending)
 
     @classmethod
     def build_model(cls, args, task):
         realformer_base_architecture(args)  # fill in what older checkpoints may lack
         check_args(args)
         return super().build_model(args, task)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
+        if self._admin_pending and self.training:
+            raise RealformerConfigError(
+                "ADMIN's omega is not initialised yet (--admin-init profile / --admin-init-path): "
+                "fairseq-train does it before the first update; in your own training loop call "
+                "model.initialize_admin(sample['net_input']) before building the optimizer"
+            )
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
+
+    @property
+    def admin_init_pending(self) -> bool:
+        """ω still have to be set from data (--admin-init profile / --admin-init-path)."""
+        return self._admin_pending
+
+    @torch.no_grad()
+    def initialize_admin(self, net_input: Optional[Dict[str, Tensor]] = None) -> None:
+        """Set ADMIN's ω from data, once: from ``--admin-init-path``, or by one profiling pass on
+        *net_input* (a training batch). In a distributed run every process must call it; they
+        all end with the same ω. Build the optimizer afterwards: optimizers that keep their own
+        copy of the parameters (fairseq's --fp16) would otherwise overwrite the new ω."""
+        if not self._admin_pending:
+            return
+        encoder_layers = list(self.encoder.layers._modules.values())  # all of them, LayerDrop or not
+        decoder_layers = list(self.decoder.layers._modules.values())
+        if self.args.admin_init_path:
+            encoder_omegas, decoder_omegas = admin.read_clinic_profile(
+                self.args.admin_init_path, len(encoder_layers), len(decoder_layers)
+            )
+            omegas = [w for layer in encoder_layers + decoder_layers for w in layer.sublayer_omegas()]
+            for omega, value in zip(omegas, encoder_omegas + decoder_omegas):
+                omega.fill_(value)
+            source = f"from {self.args.admin_init_path}"
+        else:
+            if net_input is None:
+                raise ValueError("--admin-init profile needs a training batch (net_input)")
+            encoder_omegas, decoder_omegas = self._profile_admin(encoder_layers, decoder_layers, **net_input)
+            source = "by profiling one training batch per process"
+        self.admin_initialized.fill_(1)
+        self._admin_pending = False
+        logger.info(
+            f"ADMIN omega initialised {source}: encoder {encoder_omegas[0]:.3f} .. {encoder_omegas[-1]:.3f}, "
+            f"decoder {decoder_omegas[0]:.3f} .. {decoder_omegas[-1]:.3f}"
+        )
+
+    def _profile_admin(self, encoder_layers, decoder_layers, src_tokens, src_lengths, prev_output_tokens, **_):
+        pad = self.encoder.padding_idx
+        profilers = (
+            admin.AdminProfiler(src_tokens.ne(pad).t(), admin.distributed_sum),
+            admin.AdminProfiler(prev_output_tokens.ne(pad).t(), admin.distributed_sum),
+        )
+        stacks = (self.encoder.layers, self.decoder.layers)
+        layerdrop = [getattr(stack, "p", None) for stack in stacks]
+        was_training = self.training
+        try:
+            self.train()  # dropout on, as ADMIN profiles
+            for stack, layers, profiler in zip(stacks, (encoder_layers, decoder_layers), profilers):
+                if hasattr(stack, "p"):
+                    stack.p = 0.0  # LayerDrop off: every sublayer needs its ω
+                for layer in layers:
+                    layer.admin_profiler = profiler
+            super().forward(src_tokens, src_lengths, prev_output_tokens)
+        finally:
+            self.train(was_training)
+            for stack, layers, p in zip(stacks, (encoder_layers, decoder_layers), layerdrop):
+                if p is not None:
+                    stack.p = p
+                for layer in layers:
+                    layer.admin_profiler = None
+        return profilers[0].omegas, profilers[1].omegas
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -231,10 +322,25 @@ class RealformerModel(TransformerModel):
         return RealformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
+def _refresh_admin_pending(model, incompatible_keys) -> None:
+    model._admin_pending = not bool(model.admin_initialized)
+
+
 def check_args(args) -> None:
     """Refuse impossible flag combinations with a one-line message naming the flags, and derive
     the layer-norm placement from ``--backbone``."""
     paths = parse_paths(args.residual_attention_paths)
+    admin_init_path = args.admin_init_path
+    if args.admin_init == "profile" and admin_init_path:
+        raise RealformerConfigError("--admin-init profile and --admin-init-path exclude each other")
+    if args.backbone != "admin" and (args.admin_init == "profile" or admin_init_path):
+        raise RealformerConfigError(
+            f"--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {args.backbone}"
+        )
+    if admin_init_path and os.path.exists(admin_init_path):
+        # fail now rather than after loading the data; a missing file is only an error when
+        # training starts (generation reads ω from the checkpoint and never needs the file)
+        admin.read_clinic_profile(admin_init_path, args.encoder_layers, args.decoder_layers)
     if args.backbone not in BACKBONES:
         raise RealformerConfigError(f"--backbone must be one of {', '.join(BACKBONES)}")
     if args.residual_attention_mode not in MODES:
@@ -267,6 +373,7 @@ def realformer_defaults(args) -> None:
         ("residual_attention_mode", "mean"),
         ("backbone", "admin"),
         ("admin_init", "closed-form"),
+        ("admin_init_path", None),
     ):
         if getattr(args, name, None) is None:
             setattr(args, name, default)

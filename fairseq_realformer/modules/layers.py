@@ -5,6 +5,7 @@ Backbones (one residual sublayer f: self-attention, cross-attention or FFN):
     post-ln   x ← LN(x + f(x))
     pre-ln    x ← x + f(LN(x))
     admin     x ← LN(x·ω + f(x)), ω a trainable per-channel vector per sublayer (ADMIN)
+    deepnorm  x ← LN(α·x + f(x)), α fixed per stack; value/output/FFN weights scaled by β (DeepNet)
 
 On a residual-attention path a layer takes the previous layer's carried scores and returns its
 own (see ``residual_attention``); off the path it uses fairseq's own attention module, fused
@@ -20,6 +21,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from ..config import residual_paths, running_mean
+from . import deepnorm
 from .admin import initial_omega
 from .residual_attention import ResidualMultiheadAttention
 
@@ -35,6 +37,19 @@ def _attend(attention, prev_scores: Optional[Tensor], depth: int, **kwargs):
 class _Backbone:
     """The residual wiring shared by encoder and decoder layers (a mixin over fairseq's layers)."""
 
+    # Set on every layer of a stack during ADMIN's profiling pass (see admin.AdminProfiler).
+    admin_profiler = None
+    # DeepNorm's α (1.0 on the other backbones)
+    residual_alpha = 1.0
+
+    def _init_backbone(self, cfg, side: str) -> None:
+        if getattr(cfg, "backbone", "post-ln") == "deepnorm":
+            self.residual_alpha, beta = deepnorm.alpha_beta(cfg.encoder.layers, cfg.decoder.layers, side)
+            with torch.no_grad():
+                for name, p in self.named_parameters():
+                    if name.split(".")[-2] in deepnorm.BETA_SCALED:
+                        p.mul_(beta)
+
     def _omega(self, cfg, side: str) -> Optional[nn.Parameter]:
         if getattr(cfg, "backbone", "post-ln") != "admin":
             return None
@@ -45,7 +60,14 @@ class _Backbone:
 
     def _post(self, x: Tensor, residual: Tensor, omega: Optional[Tensor], layer_norm: nn.Module):
         x = self.dropout_module(x)
-        x = residual + x if omega is None else torch.addcmul(x, residual, omega)
+        if omega is not None:
+            if self.admin_profiler is not None:
+                self.admin_profiler(omega, residual, x)  # sets ω from this sublayer's statistics
+            x = torch.addcmul(x, residual, omega)
+        elif self.residual_alpha != 1.0:
+            x = torch.add(x, residual, alpha=self.residual_alpha)
+        else:
+            x = residual + x
         return x if self.normalize_before else layer_norm(x)
 
     def _feed_forward(self, x: Tensor) -> Tensor:
@@ -66,6 +88,11 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
         super().__init__(cfg)
         self.self_attn_omega = self._omega(cfg, "encoder")
         self.ffn_omega = self._omega(cfg, "encoder")
+        self._init_backbone(cfg, "encoder")
+
+    def sublayer_omegas(self):
+        """ADMIN's ω in the order the sublayers run."""
+        return [self.self_attn_omega, self.ffn_omega]
 
     def build_self_attention(self, embed_dim, cfg):
         if "encoder" not in residual_paths(cfg):
@@ -123,6 +150,11 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         self.self_attn_omega = self._omega(cfg, "decoder")
         self.encoder_attn_omega = None if no_encoder_attn else self._omega(cfg, "decoder")
         self.ffn_omega = self._omega(cfg, "decoder")
+        self._init_backbone(cfg, "decoder")
+
+    def sublayer_omegas(self):
+        """ADMIN's ω in the order the sublayers run."""
+        return [self.self_attn_omega, self.encoder_attn_omega, self.ffn_omega]
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if "decoder" not in residual_paths(cfg):

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Translate a test set with fairseq-generate and report two BLEU scores, each labelled:
+
+- sacreBLEU: detokenized hypotheses against the raw reference file, with its signature (the
+  number to compare across papers);
+- tokenized compound-split BLEU, as fairseq computes its WMT'14 En-De numbers
+  (scripts/compound_split_bleu.sh): fairseq-generate's tokenized hypotheses (H lines) and
+  references (T lines), BPE removed, hyphenated compounds split as "a ##AT##-##AT## b", then
+  BLEU with no further tokenization (sacrebleu tokenize=none, as multi-bleu.perl).
+
+    python scripts/score.py --data data-bin/wmt14_en_de --checkpoint checkpoints/avg.pt \\
+        --source-lang en --target-lang de --reference newstest2014.de --bpe subword_nmt --detok moses
+
+Flags score.py does not know are passed on to fairseq-generate (e.g. --fp16, --max-len-b 50).
+score.py removes BPE itself, so do not pass --remove-bpe. It writes to --output-dir the raw
+fairseq-generate output, the hypotheses in corpus order (detokenized: SUBSET.hyp.LANG; tokenized:
+SUBSET.hyp.tok.LANG), the tokenized references and scores.txt/scores.json.
+
+Scoring only: --hypotheses FILE (detokenized, one per reference line) skips generation; its
+tokenized BLEU then Moses-tokenizes hypotheses and reference (--detok moses) or takes them as
+they are (--detok none). --generate-output FILE scores a fairseq-generate output already written.
+"""
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+PROG = "score.py"
+RESULT_LINE = re.compile(r"^([A-Z])-(\d+)\t(.*)$")  # S-/T-/H-/D-/P-<id>\t... from fairseq-generate
+
+
+class UserError(Exception):
+    """A mistake in the arguments or files, reported as one line."""
+
+
+def read_lines(path, flag):
+    if not os.path.isfile(path):
+        raise UserError(f"{flag} {path}: no such file")
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def remove_bpe(line, bpe):
+    """As fairseq's post_process: subword-nmt's '@@ ' joins; sentencepiece's '▁' marks spaces."""
+    if bpe == "subword_nmt":
+        return (line + " ").replace("@@ ", "").rstrip()
+    if bpe == "sentencepiece":
+        return line.replace(" ", "").replace("\u2581", " ").strip()
+    return line
+
+
+def split_compounds(line):
+    # fairseq's compound_split_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
+    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
+
+
+def parse_generate_output(lines, bpe):
+    """Tokenized hypotheses and references, by sentence id, from fairseq-generate's H/T lines.
+
+    fairseq-generate prints sentences in batch order (sorted by length), not corpus order."""
+    hypotheses, references = {}, {}
+    for line in lines:
+        match = RESULT_LINE.match(line)
+        if match and match.group(1) == "H":
+            _score, _, text = match.group(3).partition("\t")
+            hypotheses.setdefault(int(match.group(2)), remove_bpe(text, bpe))  # first = best of --nbest
+        elif match and match.group(1) == "T":
+            references[int(match.group(2))] = remove_bpe(match.group(3), bpe)
+    return hypotheses, references
+
+
+def in_order(by_id, what, source):
+    if sorted(by_id) != list(range(len(by_id))):
+        missing = sorted(set(range(max(by_id, default=-1) + 1)) - set(by_id))[:5]
+        raise UserError(f"{source}: {what} ids are not 0..{len(by_id) - 1} (missing e.g. {missing})")
+    return [by_id[i] for i in range(len(by_id))]
+
+
+def run_generate(args, extra, log_path):
+    """Run fairseq-generate, its result lines to log_path and its log lines to stderr."""
+    tool = shutil.which("fairseq-generate", path=os.path.dirname(sys.executable)) or shutil.which("fairseq-generate")
+    if tool is None:
+        raise UserError("fairseq-generate not found next to this Python or on PATH; run scripts/setup_env.sh")
+    cmd = [tool, args.data, "--user-dir", args.user_dir, "--path", args.checkpoint,
+           "--gen-subset", args.gen_subset, "--source-lang", args.source_lang, "--target-lang", args.target_lang,
+           "--beam", str(args.beam), "--lenpen", str(args.lenpen), "--batch-size", str(args.batch_size), *extra]  # fmt: skip
+    print(f"{PROG}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, encoding="utf-8")
+        for line in proc.stdout:
+            log.write(line)
+            if not RESULT_LINE.match(line):  # fairseq logs to stdout too: keep progress visible
+                sys.stderr.write(line)
+    if proc.wait() != 0:
+        raise UserError(f"fairseq-generate failed (exit {proc.returncode}); its output is in {log_path}")
+    with open(log_path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def moses(lang):
+    from sacremoses import MosesDetokenizer, MosesTokenizer
+
+    return MosesTokenizer(lang=lang), MosesDetokenizer(lang=lang)
+
+
+def bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok):
+    from sacrebleu.metrics import BLEU
+
+    sacre = BLEU()
+    tokenized = BLEU(tokenize="none", force=True)  # force: the input is tokenized on purpose
+    split = tokenized.corpus_score([split_compounds(h) for h in hyp_tok], [[split_compounds(r) for r in ref_tok]])
+    return (sacre.corpus_score(hyp_detok, [ref_raw]), sacre.get_signature(), split, tokenized.get_signature())
+
+
+def write_lines(path, lines, inputs):
+    if os.path.realpath(path) in inputs:
+        raise UserError(f"--output-dir would overwrite the input {path}; choose another folder")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", help="fairseq-preprocess output folder (data-bin)")
+    parser.add_argument("--checkpoint", help="model checkpoint to translate with")
+    parser.add_argument("--source-lang", required=True)
+    parser.add_argument("--target-lang", required=True, help="also the language of Moses (de)tokenization")
+    parser.add_argument("--reference", required=True, help="raw (untokenized) reference file of --gen-subset, .gz ok")
+    parser.add_argument("--gen-subset", default="test", help="split to translate (default %(default)s)")
+    parser.add_argument("--beam", type=int, default=4, help="beam size (default %(default)s)")
+    parser.add_argument("--lenpen", type=float, default=0.6, help="length penalty (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=128, help="sentences per batch (default %(default)s)")
+    parser.add_argument("--bpe", choices=["subword_nmt", "sentencepiece", "none"], default="subword_nmt",
+                        help="how to remove BPE from fairseq-generate's output (default %(default)s)")
+    parser.add_argument("--detok", choices=["moses", "none"], default="moses",
+                        help="detokenizer for the BPE-free hypotheses (default %(default)s)")
+    parser.add_argument("--output-dir", help="where to write hypotheses and scores "
+                        "(default: CHECKPOINT_DIR/score-SUBSET-CHECKPOINT_NAME; none with --hypotheses)")
+    parser.add_argument("--user-dir", help="fairseq --user-dir (default: this repository's fairseq_realformer)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--hypotheses", metavar="FILE", help="score these detokenized hypotheses; no generation")
+    mode.add_argument("--generate-output", metavar="FILE", help="score this fairseq-generate output; no generation")
+    args, extra = parser.parse_known_args(argv)  # fmt: skip
+    if not (args.hypotheses or args.generate_output):
+        if not (args.data and args.checkpoint):
+            parser.error("--data and --checkpoint are required (or score existing output with --hypotheses FILE)")
+        if "--remove-bpe" in extra:
+            parser.error("do not pass --remove-bpe: score.py removes BPE itself (--bpe)")
+        if args.output_dir is None:
+            name = os.path.splitext(os.path.basename(args.checkpoint))[0]
+            args.output_dir = os.path.join(os.path.dirname(args.checkpoint), f"score-{args.gen_subset}-{name}")
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)} (nothing is generated here)")
+    if args.user_dir is None:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        args.user_dir = os.path.join(repo, "fairseq_realformer")
+    return args, extra
+
+
+def main(argv=None):
+    args, extra = parse_args(argv)
+    try:
+        ref_raw = read_lines(args.reference, "--reference")
+        inputs = {os.path.realpath(p) for p in (args.reference, args.hypotheses, args.generate_output) if p}
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
+        tokenizer, detokenizer = moses(args.target_lang) if args.detok == "moses" else (None, None)
+        if args.hypotheses:
+            hyp_detok = read_lines(args.hypotheses, "--hypotheses")
+            tokenize = (lambda s: tokenizer.tokenize(s, escape=False, return_str=True)) if tokenizer else (lambda s: s)
+            hyp_tok, ref_tok = list(map(tokenize, hyp_detok)), list(map(tokenize, ref_raw))
+            source, tok_ref_what = args.hypotheses, "Moses-tokenized reference" if tokenizer else "reference as is"
+        else:
+            if args.generate_output:
+                source, lines = args.generate_output, read_lines(args.generate_output, "--generate-output")
+            else:
+                source = os.path.join(args.output_dir, f"generate-{args.gen_subset}.txt")
+                lines = run_generate(args, extra, source)
+            hyps, refs = parse_generate_output(lines, args.bpe)
+            hyp_tok = in_order(hyps, "hypothesis (H-)", source)
+            ref_tok = in_order(refs, "reference (T-)", source) if refs else []
+            hyp_detok = [detokenizer.detokenize(h.split()) for h in hyp_tok] if detokenizer else hyp_tok
+            tok_ref_what = "fairseq-generate's T lines"
+            if len(ref_tok) != len(hyp_tok):
+                raise UserError(f"{source} has {len(hyp_tok)} hypotheses but {len(ref_tok)} T- references")
+        if len(hyp_detok) != len(ref_raw):
+            raise UserError(f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines")
+        sacre, sacre_sig, split, split_sig = bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok)
+        report = [
+            f"sacreBLEU: {sacre.score:.2f} ({sacre_sig}) detokenized hypotheses vs raw reference {args.reference}",
+            f"  {sacre}",
+            f"compound-split BLEU: {split.score:.2f} ({split_sig}) tokenized hypotheses vs {tok_ref_what}, "
+            f"compounds split a ##AT##-##AT## b as fairseq's compound_split_bleu.sh; not comparable with sacreBLEU",
+            f"  {split}",
+        ]  # fmt: skip
+        if args.output_dir:
+            if not args.hypotheses:
+                write_lines(os.path.join(args.output_dir, f"{args.gen_subset}.hyp.{args.target_lang}"), hyp_detok, inputs)
+                write_lines(os.path.join(args.output_dir, f"{args.gen_subset}.hyp.tok.{args.target_lang}"), hyp_tok, inputs)
+                write_lines(os.path.join(args.output_dir, f"{args.gen_subset}.ref.tok.{args.target_lang}"), ref_tok, inputs)
+            write_lines(os.path.join(args.output_dir, "scores.txt"), report, inputs)
+            scores = {"sacrebleu": sacre.score, "sacrebleu_signature": str(sacre_sig),
+                      "compound_split_bleu": split.score, "compound_split_signature": str(split_sig),
+                      "sentences": len(hyp_detok), "reference": args.reference}  # fmt: skip
+            write_lines(os.path.join(args.output_dir, "scores.json"), [json.dumps(scores, indent=1)], inputs)
+    except UserError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()

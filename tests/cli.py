@@ -1,0 +1,82 @@
+"""Running fairseq's command-line tools the way a user does, on a toy corpus."""
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from .helpers import USER_DIR
+
+BIN = Path(sys.executable).parent
+N_TEST = 21  # not a multiple of 8: fairseq's batching would drop sentences without our fix
+TINY = [
+    "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+    "--encoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+    "--decoder-attention-heads", "2", "--decoder-layers", "2", "--share-all-embeddings",
+]  # fmt: skip
+TRAIN = [
+    "--user-dir", USER_DIR, "--arch", "realformer_iwslt_de_en", *TINY,
+    "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3",
+    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--max-tokens", "1000", "--seed", "1", "--num-workers", "0",
+    "--log-format", "json", "--log-interval", "5",
+    # --eval-bleu puts numpy metrics into the checkpoints, which must load safely too
+    "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+    "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
+]  # fmt: skip
+
+
+def clean_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE", "REALFORMER_"))}
+
+
+def run(tool, *args, cwd, stdin=None, check=True):
+    """Run a fairseq console script with no torch.load override in the environment."""
+    result = subprocess.run(
+        [str(BIN / tool), *args], cwd=cwd, env=clean_env(), input=stdin, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"{tool} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def write_corpus(folder: Path, seed: int = 0):
+    """A toy language pair: target word i translates source word i."""
+    rng = random.Random(seed)
+    for split, count in (("train", 600), ("valid", 40), ("test", N_TEST)):
+        with open(folder / f"{split}.src", "w") as src, open(folder / f"{split}.tgt", "w") as tgt:
+            for _ in range(count):
+                words = [rng.randrange(12) for _ in range(rng.randint(3, 8))]
+                src.write(" ".join(f"s{i}" for i in words) + "\n")
+                tgt.write(" ".join(f"t{i}" for i in words) + "\n")
+
+
+def preprocess(work: Path) -> None:
+    """Write the toy corpus into *work* and binarise it into work/bin (joined dictionary)."""
+    write_corpus(work)
+    run("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", "train",
+        "--validpref", "valid", "--testpref", "test", "--destdir", "bin", "--joined-dictionary",
+        "--workers", "1", cwd=work)  # fmt: skip
+
+
+def train_losses(log: str):
+    return [float(json.loads(line.split("| train_inner | ", 1)[1])["loss"])
+            for line in log.splitlines() if "| train_inner | " in line]  # fmt: skip
+
+
+def popen(tool, *args, cwd):
+    """Start a fairseq console script (no torch.load override in the environment)."""
+    return subprocess.Popen(
+        [str(BIN / tool), *args], cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
