@@ -37,12 +37,14 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
       pip_args+=(--extra-index-url "$cpu_index")
     fi
   fi
+  # A fairseq from another distribution (e.g. built from source) is the user's: keep it.
+  # ve-fairseq is the one requirements.txt pins, so it does not count.
   existing_fairseq=$("$py" - <<'PY'
 import importlib.metadata as md
 for dist in md.distributions():
     if "fairseq/__init__.py" in [str(f) for f in (dist.files or [])]:
         name = dist.metadata["Name"]
-        if name.lower() != "fairseq-realformer":
+        if name.lower() not in ("fairseq-realformer", "ve-fairseq"):
             print(f"{name}=={dist.version}")
             break
 PY

@@ -1,0 +1,222 @@
+"""Depth stability: do deep, narrow models train at an aggressive learning rate?
+
+Post-LN, Pre-LN, ADMIN (profiled ω), DeepNorm and RealFormer on ADMIN (sum, mean) are trained with
+the same seed, data, budget and learning rate on a few thousand real sentence pairs (Multi30k
+En→De, read from a local folder). For each: the first layers' gradient norms at initialisation
+(one batch, dropout on), and the final train and valid losses; a run diverged if fairseq stopped
+on NaN/Inf gradients or its loss ended above where it started.
+
+    python benchmarks/depth_stability.py --data ../shared/data/multi30k    # ~15 min on 2 CPU cores
+
+Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are kept in --out and
+a re-run skips finished variants.
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = REPO / "fairseq_realformer"
+BIN = Path(sys.executable).parent
+
+BASELINE = ["--residual-attention-paths", "none"]
+VARIANTS = {
+    "post-ln": [*BASELINE, "--backbone", "post-ln"],
+    "pre-ln": [*BASELINE, "--backbone", "pre-ln"],
+    "admin": [*BASELINE, "--backbone", "admin", "--admin-init", "profile"],
+    "deepnorm": [*BASELINE, "--backbone", "deepnorm"],
+    "realformer-sum": ["--backbone", "admin", "--admin-init", "profile", "--residual-attention-mode", "sum"],
+    "realformer-mean": ["--backbone", "admin", "--admin-init", "profile", "--residual-attention-mode", "mean"],
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"),
+                   help="folder with Multi30k's train/val .en.gz/.de.gz (default: %(default)s)")
+    p.add_argument("--out", default=str(REPO / "runs" / "depth_stability"), help="work folder (default: %(default)s)")
+    p.add_argument("--pairs", type=int, default=4000, help="training sentence pairs (default: %(default)s)")
+    p.add_argument("--valid-pairs", type=int, default=500)
+    p.add_argument("--vocab", type=int, default=2000, help="joint sentencepiece vocabulary")
+    p.add_argument("--layers", default="18-18", help="encoder-decoder layers (default: %(default)s)")
+    p.add_argument("--dim", type=int, default=64, help="model width (default: %(default)s)")
+    p.add_argument("--ffn", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=50, help="warmup updates (default: %(default)s)")
+    p.add_argument("--max-update", type=int, default=120, help="updates per variant (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of %(default)s")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(sorted(unknown))}; choose from {', '.join(VARIANTS)}")
+    if not (Path(args.data) / "train.en.gz").exists():
+        p.error(f"--data {args.data}: no train.en.gz there (expected the Multi30k layout, see its README)")
+    return args
+
+
+def log(message):
+    print(f"[depth-stability] {message}", flush=True)
+
+
+def read_pairs(data: Path, split: str, n: int):
+    with gzip.open(data / f"{split}.en.gz", "rt") as en, gzip.open(data / f"{split}.de.gz", "rt") as de:
+        return [(e.strip(), d.strip()) for (e, d), _ in zip(zip(en, de), range(n))]
+
+
+def prepare(args, out: Path) -> Path:
+    """First --pairs training pairs, joint sentencepiece, fairseq-preprocess (skipped when done)."""
+    bin_dir = out / "bin"
+    if (bin_dir / "dict.en.txt").exists():
+        log(f"data: reusing {bin_dir}")
+        return bin_dir
+    import sentencepiece as spm
+
+    text = out / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    splits = {"train": read_pairs(Path(args.data), "train", args.pairs),
+              "valid": read_pairs(Path(args.data), "val", args.valid_pairs)}  # fmt: skip
+    log(f"data: {len(splits['train'])} train / {len(splits['valid'])} valid pairs from {args.data}")
+    with open(text / "spm_input.txt", "w") as f:
+        for en, de in splits["train"]:
+            f.write(f"{en}\n{de}\n")
+    spm.SentencePieceTrainer.train(input=str(text / "spm_input.txt"), model_prefix=str(text / "spm"),
+                                   vocab_size=args.vocab, character_coverage=1.0, model_type="bpe",
+                                   minloglevel=2)  # fmt: skip
+    sp = spm.SentencePieceProcessor(model_file=str(text / "spm.model"))
+    for split, pairs in splits.items():
+        for i, lang in enumerate(("en", "de")):
+            with open(text / f"{split}.{lang}", "w") as f:
+                f.writelines(" ".join(sp.encode(pair[i], out_type=str)) + "\n" for pair in pairs)
+    subprocess.run([str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
+                    "--trainpref", str(text / "train"), "--validpref", str(text / "valid"),
+                    "--destdir", str(bin_dir), "--joined-dictionary", "--workers", "2"],
+                   check=True, capture_output=True)  # fmt: skip
+    return bin_dir
+
+
+def train_flags(args, bin_dir: Path, variant: str):
+    enc, dec = args.layers.split("-")
+    return [
+        str(bin_dir), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en", *VARIANTS[variant],
+        "--encoder-layers", enc, "--decoder-layers", dec,
+        "--encoder-embed-dim", str(args.dim), "--decoder-embed-dim", str(args.dim),
+        "--encoder-ffn-embed-dim", str(args.ffn), "--decoder-ffn-embed-dim", str(args.ffn),
+        "--encoder-attention-heads", str(args.heads), "--decoder-attention-heads", str(args.heads),
+        "--share-all-embeddings", "--dropout", "0.1",
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", str(args.lr),
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-7",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update), "--seed", str(args.seed),
+        "--num-workers", "0", "--log-format", "json", "--log-interval", "10", "--no-save",
+    ]  # fmt: skip
+
+
+def first_layer_grad_norms(flags):
+    """Gradient norms of the first encoder and decoder layers at initialisation, on the first
+    training batch (dropout on), the same way fairseq-train builds model, data and loss."""
+    import torch
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
+    utils.import_user_module(cfg.common)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    batches = task.get_batch_iterator(task.dataset("train"), max_tokens=cfg.dataset.max_tokens, seed=cfg.common.seed)
+    sample = next(batches.next_epoch_itr(shuffle=False))
+    if getattr(model, "admin_init_pending", False):
+        model.initialize_admin(sample["net_input"])
+    model.train()
+    loss, sample_size, _ = criterion(model, sample)
+    (loss / sample_size).backward()  # fairseq-train's normalisation: per target token
+
+    def norm(module):
+        return math.sqrt(sum(float(p.grad.norm()) ** 2 for p in module.parameters() if p.grad is not None))
+
+    return norm(model.encoder.layers[0]), norm(model.decoder.layers[0])
+
+
+def run_variant(args, bin_dir: Path, out: Path, variant: str):
+    result_file = out / variant / "result.json"
+    if result_file.exists():
+        log(f"{variant}: reusing {result_file}")
+        return json.loads(result_file.read_text())
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    flags = train_flags(args, bin_dir, variant)
+    enc_norm, dec_norm = first_layer_grad_norms(flags)
+    log(f"{variant}: first-layer gradient norms at init: encoder {enc_norm:.3g}, decoder {dec_norm:.3g}; training")
+    start = time.time()
+    proc = subprocess.run([str(BIN / "fairseq-train"), *flags], capture_output=True, text=True)
+    (out / variant / "train.log").write_text(proc.stdout + proc.stderr)
+    train, valid = [], None
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if "| train_inner | " in line:
+            train.append(float(json.loads(line.split("| train_inner | ", 1)[1])["loss"]))
+        elif "| valid | " in line:
+            valid = float(json.loads(line.split("| valid | ", 1)[1])["valid_loss"])
+    stopped_on_nan = proc.returncode != 0 and ("FloatingPointError" in proc.stderr or "nan" in proc.stderr.lower())
+    if proc.returncode != 0 and not stopped_on_nan:
+        raise SystemExit(f"{variant}: fairseq-train failed ({proc.returncode}); see {out / variant / 'train.log'}")
+    finite = all(math.isfinite(x) for x in train) and (valid is None or math.isfinite(valid))
+    diverged = stopped_on_nan or not finite or (len(train) > 1 and train[-1] >= train[0])
+    result = {
+        "variant": variant, "first_train_loss": train[0] if train else None,
+        "final_train_loss": train[-1] if train else None, "valid_loss": valid, "diverged": diverged,
+        "grad_norm_encoder_layer0": enc_norm, "grad_norm_decoder_layer0": dec_norm,
+        "wall_s": round(time.time() - start, 1),
+    }  # fmt: skip
+    result_file.write_text(json.dumps(result, indent=1))
+    log(f"{variant}: train loss {result['first_train_loss']} -> {result['final_train_loss']}, "
+        f"valid {valid}, diverged {diverged} ({result['wall_s']} s)")  # fmt: skip
+    return result
+
+
+def table(args, results):
+    fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+    lines = [
+        f"{args.layers} layers, d={args.dim}, FFN {args.ffn}, {args.heads} heads; {args.pairs} Multi30k pairs; "
+        f"Adam lr {args.lr} (inverse sqrt, {args.warmup} warmup), {args.max_update} updates of "
+        f"≤{args.max_tokens} tokens, seed {args.seed}",
+        "",
+        "| variant | grad norm enc. layer 1 | grad norm dec. layer 1 | train loss start → end | valid loss | diverged |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in results:
+        lines.append(f"| {r['variant']} | {r['grad_norm_encoder_layer0']:.3g} | {r['grad_norm_decoder_layer0']:.3g} | "
+                     f"{fmt(r['first_train_loss'])} → {fmt(r['final_train_loss'])} | {fmt(r['valid_loss'])} | "
+                     f"{'**yes**' if r['diverged'] else 'no'} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main():
+    args = parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("variants", "json", "out")}
+    settings_file = out / "settings.json"
+    if settings_file.exists() and json.loads(settings_file.read_text()) != settings:
+        raise SystemExit(f"depth_stability.py: error: --out {out} holds results of other settings "
+                         f"({settings_file}); choose another --out")  # fmt: skip
+    settings_file.write_text(json.dumps(settings, indent=1))
+    bin_dir = prepare(args, out)
+    results = [run_variant(args, bin_dir, out, v) for v in args.variants.split(",")]
+    print(table(args, results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # the plugin loads checkpoints safely
+    main()
