@@ -21,20 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from variants import VARIANTS, check  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "fairseq_realformer"
 BIN = Path(sys.executable).parent
-
-BASELINE = ["--residual-attention-paths", "none"]
-VARIANTS = {
-    "post-ln": [*BASELINE, "--backbone", "post-ln"],
-    "pre-ln": [*BASELINE, "--backbone", "pre-ln"],
-    "admin": [*BASELINE, "--backbone", "admin", "--admin-init", "profile"],
-    "deepnorm": [*BASELINE, "--backbone", "deepnorm"],
-    "realformer-sum": ["--backbone", "admin", "--admin-init", "profile", "--residual-attention-mode", "sum"],
-    "realformer-mean": ["--backbone", "admin", "--admin-init", "profile", "--residual-attention-mode", "mean"],
-}
-
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,15 +42,13 @@ def parse_args():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=50, help="warmup updates (default: %(default)s)")
-    p.add_argument("--max-update", type=int, default=120, help="updates per variant (default: %(default)s)")
+    p.add_argument("--max-update", type=int, default=150, help="updates per variant (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of %(default)s")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
-    if unknown:
-        p.error(f"--variants: unknown {', '.join(sorted(unknown))}; choose from {', '.join(VARIANTS)}")
+    args.variants = check(p, args.variants)
     if not (Path(args.data) / "train.en.gz").exists():
         p.error(f"--data {args.data}: no train.en.gz there (expected the Multi30k layout, see its README)")
     return args
@@ -211,7 +201,7 @@ def main():
                          f"({settings_file}); choose another --out")  # fmt: skip
     settings_file.write_text(json.dumps(settings, indent=1))
     bin_dir = prepare(args, out)
-    results = [run_variant(args, bin_dir, out, v) for v in args.variants.split(",")]
+    results = [run_variant(args, bin_dir, out, v) for v in args.variants]
     print(table(args, results))
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))

@@ -59,18 +59,20 @@ def allowed_globals() -> List[object]:
     return [argparse.Namespace, *_numpy_globals(), *_user_allowed_globals()]
 
 
-def _explain(path, error: Exception) -> str:
-    unknown = []
+def _refusal(path, error: Exception) -> RealformerConfigError:
+    """Why *path* was not loaded: not a torch checkpoint at all, or which globals it holds."""
     try:
-        allowed = {f"{g.__module__}.{g.__qualname__}" for g in allowed_globals()}
-        unknown = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
-    except Exception:  # not a zip checkpoint, unreadable, ...: fall back to torch's own words
-        pass
-    what = ", ".join(unknown) if unknown else str(error).strip().splitlines()[0]
-    return (
-        f"checkpoint {path} contains {what}, which fairseq checkpoints do not contain, so it was "
-        f"not loaded (torch.load weights_only=True). If you trust this file, allow exactly that: "
-        f"{ALLOW_ENV}={','.join(unknown) or 'module.Name'}, or load it without protection with "
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip archive: a text file, a truncated or legacy-format file, ...
+        return RealformerConfigError(f"{path} is not a readable torch checkpoint ({type(error).__name__})")
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in allowed_globals()}
+    unknown = [g for g in found if g not in allowed]
+    if not unknown:
+        return RealformerConfigError(f"checkpoint {path} could not be unpickled safely: {str(error).splitlines()[0]}")
+    return UntrustedCheckpointError(
+        f"checkpoint {path} contains {', '.join(unknown)}, which fairseq checkpoints do not contain, "
+        f"so it was not loaded (torch.load weights_only=True). If you trust this file, allow exactly "
+        f"that: {ALLOW_ENV}={','.join(unknown)}, or load it without protection with "
         f"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1."
     )
 
@@ -84,9 +86,9 @@ def guarded(load: Callable) -> Callable:
             try:
                 return load(path, *args, **kwargs)
             except pickle.UnpicklingError as e:
-                if isinstance(e, UntrustedCheckpointError):
+                if isinstance(e, RealformerConfigError):
                     raise
-                raise UntrustedCheckpointError(_explain(path, e)) from None
+                raise _refusal(path, e) from None
 
     load_with_allowed_globals.__wrapped_by_realformer__ = True
     return load_with_allowed_globals

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Mapping
 
 import torch
 
@@ -74,7 +75,7 @@ def input_paths(args):
 def model_settings(state):
     """The MODEL_FIELDS of a checkpoint's model config (cfg.model, or args in old checkpoints)."""
     config = (state.get("cfg") or {}).get("model") or state.get("args")
-    get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+    get = config.get if isinstance(config, Mapping) else lambda name: getattr(config, name, None)
     return {name: get(name) for name in MODEL_FIELDS} if config is not None else {}
 
 
@@ -101,7 +102,7 @@ def load(path):
 
     try:
         state = load_checkpoint(path)
-    except RealformerConfigError as e:  # a global outside the allow-list: the message says what to do
+    except RealformerConfigError as e:  # not a checkpoint, or a global outside the allow-list
         raise UserError(str(e)) from None
     except (OSError, RuntimeError, EOFError) as e:
         raise UserError(f"cannot read checkpoint {path}: {e}") from None
@@ -144,6 +145,9 @@ def write(state, output):
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it a new file's permissions
         os.replace(tmp, output)
     except BaseException:
         os.unlink(tmp)

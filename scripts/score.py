@@ -14,7 +14,8 @@
 Flags score.py does not know are passed on to fairseq-generate (e.g. --fp16, --max-len-b 50).
 score.py removes BPE itself, so do not pass --remove-bpe. It writes to --output-dir the raw
 fairseq-generate output, the hypotheses in corpus order (detokenized: SUBSET.hyp.LANG; tokenized:
-SUBSET.hyp.tok.LANG), the tokenized references and scores.txt/scores.json.
+SUBSET.hyp.tok.LANG), the tokenized references and scores.txt/scores.json. (The BLEU4 line at the
+end of fairseq-generate's output is computed on BPE pieces: not a score to report.)
 
 Scoring only: --hypotheses FILE (detokenized, one per reference line) skips generation; its
 tokenized BLEU then Moses-tokenizes hypotheses and reference (--detok moses) or takes them as
@@ -30,7 +31,7 @@ import subprocess
 import sys
 
 PROG = "score.py"
-RESULT_LINE = re.compile(r"^([A-Z])-(\d+)\t(.*)$")  # S-/T-/H-/D-/P-<id>\t... from fairseq-generate
+RESULT_LINE = re.compile(r"^([A-Z])-(\d+)\t(.*)$")  # S-/T-/H-/D-/P-<id>\t... of fairseq-generate
 
 
 class UserError(Exception):
@@ -81,7 +82,7 @@ def in_order(by_id, what, source):
 
 
 def run_generate(args, extra, log_path):
-    """Run fairseq-generate, its result lines to log_path and its log lines to stderr."""
+    """Run fairseq-generate: its results (stdout) to log_path, its log and progress to stderr."""
     tool = shutil.which("fairseq-generate", path=os.path.dirname(sys.executable)) or shutil.which("fairseq-generate")
     if tool is None:
         raise UserError("fairseq-generate not found next to this Python or on PATH; run scripts/setup_env.sh")
@@ -90,15 +91,9 @@ def run_generate(args, extra, log_path):
            "--beam", str(args.beam), "--lenpen", str(args.lenpen), "--batch-size", str(args.batch_size), *extra]  # fmt: skip
     print(f"{PROG}: {' '.join(cmd)}", file=sys.stderr, flush=True)
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, encoding="utf-8")
-        for line in proc.stdout:
-            log.write(line)
-            if not RESULT_LINE.match(line):  # fairseq logs to stdout too: keep progress visible
-                sys.stderr.write(line)
-    if proc.wait() != 0:
-        raise UserError(f"fairseq-generate failed (exit {proc.returncode}); its output is in {log_path}")
-    with open(log_path, encoding="utf-8") as f:
-        return f.read().splitlines()
+        if subprocess.run(cmd, stdout=log).returncode != 0:
+            raise UserError(f"fairseq-generate failed; its results so far are in {log_path}")
+    return read_lines(log_path, "fairseq-generate output")
 
 
 def moses(lang):
@@ -124,7 +119,9 @@ def write_lines(path, lines, inputs):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # allow_abbrev=False: flags meant for fairseq-generate must not be taken as abbreviations of ours
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # fmt: skip
     parser.add_argument("--data", help="fairseq-preprocess output folder (data-bin)")
     parser.add_argument("--checkpoint", help="model checkpoint to translate with")
     parser.add_argument("--source-lang", required=True)
@@ -161,6 +158,29 @@ def parse_args(argv):
     return args, extra
 
 
+def hypotheses_and_references(args, extra, ref_raw):
+    """(where the hypotheses come from, detokenized hypotheses, tokenized hypotheses, tokenized
+    references, what the tokenized references are), all in corpus order."""
+    tokenizer, detokenizer = moses(args.target_lang) if args.detok == "moses" else (None, None)
+    if args.hypotheses:
+        hyp_detok = read_lines(args.hypotheses, "--hypotheses")
+        tokenize = (lambda s: tokenizer.tokenize(s, escape=False, return_str=True)) if tokenizer else (lambda s: s)
+        what = "Moses-tokenized reference" if tokenizer else "reference as is"
+        return args.hypotheses, hyp_detok, list(map(tokenize, hyp_detok)), list(map(tokenize, ref_raw)), what
+    if args.generate_output:
+        source, lines = args.generate_output, read_lines(args.generate_output, "--generate-output")
+    else:
+        source = os.path.join(args.output_dir, f"generate-{args.gen_subset}.txt")
+        lines = run_generate(args, extra, source)
+    hyps, refs = parse_generate_output(lines, args.bpe)
+    hyp_tok = in_order(hyps, "hypothesis (H-)", source)
+    ref_tok = in_order(refs, "reference (T-)", source) if refs else []
+    if len(ref_tok) != len(hyp_tok):
+        raise UserError(f"{source} has {len(hyp_tok)} hypotheses but {len(ref_tok)} T- references")
+    hyp_detok = [detokenizer.detokenize(h.split()) for h in hyp_tok] if detokenizer else hyp_tok
+    return source, hyp_detok, hyp_tok, ref_tok, "fairseq-generate's T lines"
+
+
 def main(argv=None):
     args, extra = parse_args(argv)
     try:
@@ -168,25 +188,7 @@ def main(argv=None):
         inputs = {os.path.realpath(p) for p in (args.reference, args.hypotheses, args.generate_output) if p}
         if args.output_dir:
             os.makedirs(args.output_dir, exist_ok=True)
-        tokenizer, detokenizer = moses(args.target_lang) if args.detok == "moses" else (None, None)
-        if args.hypotheses:
-            hyp_detok = read_lines(args.hypotheses, "--hypotheses")
-            tokenize = (lambda s: tokenizer.tokenize(s, escape=False, return_str=True)) if tokenizer else (lambda s: s)
-            hyp_tok, ref_tok = list(map(tokenize, hyp_detok)), list(map(tokenize, ref_raw))
-            source, tok_ref_what = args.hypotheses, "Moses-tokenized reference" if tokenizer else "reference as is"
-        else:
-            if args.generate_output:
-                source, lines = args.generate_output, read_lines(args.generate_output, "--generate-output")
-            else:
-                source = os.path.join(args.output_dir, f"generate-{args.gen_subset}.txt")
-                lines = run_generate(args, extra, source)
-            hyps, refs = parse_generate_output(lines, args.bpe)
-            hyp_tok = in_order(hyps, "hypothesis (H-)", source)
-            ref_tok = in_order(refs, "reference (T-)", source) if refs else []
-            hyp_detok = [detokenizer.detokenize(h.split()) for h in hyp_tok] if detokenizer else hyp_tok
-            tok_ref_what = "fairseq-generate's T lines"
-            if len(ref_tok) != len(hyp_tok):
-                raise UserError(f"{source} has {len(hyp_tok)} hypotheses but {len(ref_tok)} T- references")
+        source, hyp_detok, hyp_tok, ref_tok, tok_ref_what = hypotheses_and_references(args, extra, ref_raw)
         if len(hyp_detok) != len(ref_raw):
             raise UserError(f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines")
         sacre, sacre_sig, split, split_sig = bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok)

@@ -11,10 +11,10 @@ real language pairs do, so the model must translate, not copy:
   clause (subject-object-verb), and a prepositional phrase moves to the front as a
   postpositional phrase.
 
-    the clever keys open the poor lamp .
-    los nagien tegu-kes la lera dono-zu veran .
-    the small strong gardens meet the singers above the lamp .
-    la lera page los tokuen nita-kes noni-kes las ruleen pozen .
+    the clever keys open the poor lamp.
+    los nagien tegu-kes la lera dono-zu veran.
+    the small strong gardens meet the singers above the lamp.
+    la lera page los tokuen nita-kes noni-kes las ruleen pozen.
     (PP "la lera page" first, subject, object, verb "poze" + plural "n")
 
     python scripts/toy_corpus.py --out-dir runs/toy   # train/valid/test .src/.tgt
@@ -83,10 +83,10 @@ def clause(rng):
 
 def sentence_pair(rng):
     src, tgt = clause(rng)
-    if rng.random() < 0.25:
+    if rng.random() < 0.2:
         src2, tgt2 = clause(rng)
         src, tgt = src + ["and", *src2], tgt + ["e", *tgt2]
-    return " ".join(src + ["."]), " ".join(tgt + ["."])
+    return " ".join(src) + ".", " ".join(tgt) + "."  # detokenized, as raw text is
 
 
 def main(argv=None):

@@ -9,6 +9,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from fairseq_realformer.checkpoints import ALLOW_ENV, UntrustedCheckpointError, load_checkpoint
+from fairseq_realformer.errors import RealformerConfigError
 
 
 class _RunsCode:
@@ -75,6 +76,14 @@ def test_code_in_a_pickle_never_runs(tmp_path, no_trust_env, capfd):
     with pytest.raises(UntrustedCheckpointError, match="system"):
         checkpoint_utils.load_checkpoint_to_cpu(str(path))
     assert "must never run" not in capfd.readouterr().out
+
+
+def test_a_file_that_is_no_checkpoint_is_named_as_such(tmp_path, no_trust_env):
+    path = tmp_path / "notes.pt"
+    path.write_text("not a checkpoint\n")
+    with pytest.raises(RealformerConfigError, match=f"{path} is not a readable torch checkpoint") as error:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert ALLOW_ENV not in str(error.value)
 
 
 def test_allow_list_is_scoped_to_checkpoint_loading(tmp_path, no_trust_env):

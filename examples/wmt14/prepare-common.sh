@@ -40,7 +40,7 @@ Options:
   --prep-dir DIR      tokenised/BPE text, BPE codes, raw test set (default: $PREP_DEFAULT)
   --dest-dir DIR      binarised data for fairseq-train            (default: $DEST_DEFAULT)
   --bpe-tokens N      joint BPE merge operations                  (default: 40000)
-  --valid SET         newstest2013 | split (every ${VALID_EVERY}th training pair, as fairseq's
+  --valid SET         newstest2013 | split (one training pair in $VALID_EVERY, as fairseq's
                       recipe)                                     (default: newstest2013)
   --workers N         processes for tokenisation, BPE, binarising (default: nproc)
   --no-checksum       check downloaded archives for integrity only, not against
@@ -227,7 +227,7 @@ split_valid() {
         skip "train/valid already split"
         return
     fi
-    say "split off every ${VALID_EVERY}th training pair as valid"
+    say "split off one training pair in $VALID_EVERY as valid"
     local l
     for l in "$SRC" "$TGT"; do
         awk -v n="$VALID_EVERY" 'NR % n == 0' "$TRAIN_TOK.$l" >"$TMP/valid.$l.part"

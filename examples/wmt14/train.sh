@@ -98,8 +98,10 @@ die() { printf 'train.sh: error: %s\n' "$*" >&2; exit 2; }
 
 # --- the model: one row of Table 7 ---
 case "$VARIANT" in
-    realformer) MODEL=(--arch realformer_wmt_en_de) ;;  # ADMIN + residual attention, all paths, mean
-    admin) MODEL=(--arch admin_wmt_en_de) ;;
+    # ADMIN's ω profiled on a training batch before the first update, as in the ADMIN paper
+    # (a pass-through --admin-init closed-form selects admin-torch's closed form instead)
+    realformer) MODEL=(--arch realformer_wmt_en_de --admin-init profile) ;;  # + residual attention, all paths, mean
+    admin) MODEL=(--arch admin_wmt_en_de --admin-init profile) ;;
     # with no residual attention these are fairseq's transformer (Post-LN) and its Pre-LN form
     post-ln) MODEL=(--arch realformer_wmt_en_de --backbone post-ln --residual-attention-paths none) ;;
     pre-ln) MODEL=(--arch realformer_wmt_en_de --backbone pre-ln --residual-attention-paths none) ;;
@@ -133,7 +135,7 @@ if [ "$GPUS" -gt 0 ]; then
     PRECISION="${PRECISION:-fp16}"
 else
     PROCS="$CPU_PROCS"
-    # gloo, and legacy_ddp: pytorch_ddp asks for CUDA device ids (docs/STACK.md)
+    # gloo, and legacy_ddp: the default pytorch_ddp hands CUDA device ids to DDP and fails on CPU
     DEVICE=(--cpu --distributed-backend gloo --ddp-backend legacy_ddp)
     PRECISION="${PRECISION:-fp32}"
 fi

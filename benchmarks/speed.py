@@ -1,0 +1,247 @@
+"""Speed and memory of RealFormer against fairseq's own Transformer, side by side.
+
+Variants (same sizes, batches and weights' shapes):
+    fairseq          fairseq's stock ``transformer`` (Post-LN, fused SDPA self-attention in training)
+    none             our ``realformer`` model with no residual path, Post-LN (must cost nothing)
+    realformer_sum   RealFormer on ADMIN, all three paths, running sum
+    realformer_mean  RealFormer on ADMIN, all three paths, running mean (the paper's NMT setting)
+
+Measured for each size (6L-6L and 18L-18L, 512/2048/8) and sentence length (~30 and ~100 tokens):
+training tokens/s (forward + backward + Adam step; target tokens), peak memory (GPU: max allocated;
+CPU: peak RSS of a fresh process doing the same training steps), and beam-4 generation sentences/s
+with incremental decoding (every hypothesis exactly as long as the reference length, so every
+variant does the same work). Timings are interleaved across variants, repeated, and reported as
+medians; the table gives each variant's ratio to fairseq in the same run.
+
+    python benchmarks/speed.py --quick                 # CPU, a few minutes
+    python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = REPO / "fairseq_realformer"
+VARIANTS = {
+    "fairseq": ["--arch", "transformer"],
+    "none": ["--arch", "realformer", "--residual-attention-paths", "none", "--backbone", "post-ln"],
+    "realformer_sum": ["--arch", "realformer", "--residual-attention-mode", "sum"],
+    "realformer_mean": ["--arch", "realformer", "--residual-attention-mode", "mean"],
+}
+SIZES = {"6L-6L": 6, "18L-18L": 18}
+VOCAB = 10000
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="CPU-sized: 6L-6L only, small batches, 3 repeats")
+    p.add_argument("--sizes", help=f"comma list of {', '.join(SIZES)} (default: all; --quick: 6L-6L)")
+    p.add_argument("--lengths", default="30,100", help="sentence lengths in tokens (default: %(default)s)")
+    p.add_argument("--tokens-per-batch", type=int, help="training batch size in target tokens "
+                   "(default: 4096 on GPU, 1024 on CPU, 512 with --quick)")  # fmt: skip
+    p.add_argument("--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU)")
+    p.add_argument("--steps", type=int, help="training steps per timed repeat (default: 10 GPU, 3 CPU, 2 --quick)")
+    p.add_argument("--repeats", type=int, help="interleaved repeats; medians are reported (default: 5, 3 --quick)")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--json", help="also write the numbers here")
+    p.add_argument("--memory-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    gpu = args.device.startswith("cuda")
+    args.sizes = (args.sizes or ("6L-6L" if args.quick else ",".join(SIZES))).split(",")
+    args.lengths = [int(x) for x in args.lengths.split(",")]
+    args.variants = args.variants.split(",")
+    for name, given, known in (("--sizes", args.sizes, SIZES), ("--variants", args.variants, VARIANTS)):
+        if set(given) - set(known):
+            p.error(f"{name}: unknown {', '.join(sorted(set(given) - set(known)))}; choose from {', '.join(known)}")
+    if args.dtype != "fp32" and not gpu:
+        p.error("--dtype fp16/bf16 needs a GPU (--device cuda)")
+    args.tokens_per_batch = args.tokens_per_batch or (4096 if gpu else 512 if args.quick else 1024)
+    args.gen_sentences = args.gen_sentences or (64 if gpu else 8)
+    args.steps = args.steps or (10 if gpu else 2 if args.quick else 3)
+    args.repeats = args.repeats or (3 if args.quick else 5)
+    return args
+
+
+def build(variant, layers, device, dtype):
+    """The variant's model with random weights (the same seed for every variant)."""
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_realformer  # noqa: F401
+
+    dictionary = Dictionary()
+    for i in range(VOCAB - dictionary.nspecial):
+        dictionary.add_symbol(f"w{i}")
+    flags = [
+        "/unused", "--user-dir", str(USER_DIR), *VARIANTS[variant], "--share-all-embeddings",
+        "--encoder-layers", str(layers), "--decoder-layers", str(layers), "--dropout", "0.1",
+    ]  # fmt: skip
+    args = options.parse_args_and_arch(options.get_training_parser(), flags)
+    task = type("Task", (), {"source_dictionary": dictionary, "target_dictionary": dictionary})
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task).to(device)
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    return model, dictionary
+
+
+def batch(dictionary, sentences, length, device, seed=0):
+    """Random sentences of *length* tokens (source and target), as fairseq's collater shapes them."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(dictionary.nspecial, len(dictionary), (sentences, length), generator=g)
+    tgt = torch.randint(dictionary.nspecial, len(dictionary), (sentences, length), generator=g)
+    src[:, -1] = tgt[:, -1] = dictionary.eos()
+    prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)
+    return {
+        "net_input": {"src_tokens": src.to(device), "src_lengths": torch.full((sentences,), length, device=device),
+                      "prev_output_tokens": prev.to(device)},
+        "target": tgt.to(device),
+    }  # fmt: skip
+
+
+class Bench:
+    """One variant at one size: its model, optimizer, a training batch and a generator."""
+
+    def __init__(self, variant, layers, length, args):
+        from fairseq.sequence_generator import SequenceGenerator
+
+        self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+        self.device = args.device
+        self.model, self.dictionary = build(variant, layers, args.device, self.dtype)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6 if self.dtype != torch.float32 else 1e-8)
+        self.sample = batch(self.dictionary, max(1, args.tokens_per_batch // length), length, args.device)
+        self.tokens = self.sample["target"].numel()
+        self.gen_sample = batch(self.dictionary, args.gen_sentences, length, args.device, seed=1)
+        self.generator = SequenceGenerator([self.model], self.dictionary, beam_size=4, max_len_a=0,
+                                           max_len_b=length, min_len=length)  # fmt: skip
+        self.length = length
+        if getattr(self.model, "admin_init_pending", False):
+            self.model.initialize_admin(self.sample["net_input"])
+
+    def train_steps(self, steps):
+        self.model.train()
+        for _ in range(steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            logits, _ = self.model(**self.sample["net_input"])
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), self.sample["target"].view(-1)
+            )
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite training loss {loss.item()}")
+            loss.backward()
+            self.optimizer.step()
+        sync(self.device)
+
+    @torch.no_grad()
+    def generate(self):
+        self.model.eval()
+        hypos = self.generator.forward(self.gen_sample)
+        sync(self.device)
+        assert all(len(h[0]["tokens"]) == self.length + 1 for h in hypos)  # fixed work: length + EOS
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure_speed(args, size, length):
+    """Interleaved repeats over variants; medians of training tokens/s and generation sents/s."""
+    benches = {v: Bench(v, SIZES[size], length, args) for v in args.variants}
+    for bench in benches.values():  # warm-up: allocator, kernels, lazy initialisation
+        bench.train_steps(1)
+        bench.generate()
+    train, gen = {v: [] for v in benches}, {v: [] for v in benches}
+    for _ in range(args.repeats):
+        for v, bench in benches.items():
+            train[v].append(bench.tokens * args.steps / timed(lambda: bench.train_steps(args.steps)))
+            gen[v].append(args.gen_sentences / timed(bench.generate))
+    memory = {}
+    for v, bench in benches.items():
+        if str(args.device).startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+            bench.train_steps(1)
+            memory[v] = torch.cuda.max_memory_allocated()
+    del benches
+    return {v: (statistics.median(train[v]), statistics.median(gen[v]), memory.get(v)) for v in train}
+
+
+def cpu_peak_rss(args, variant, size, length):
+    """Peak RSS of a fresh process building *variant* and doing the same training steps."""
+    cmd = [sys.executable, __file__, "--memory-probe", variant, size, str(length),
+           "--tokens-per-batch", str(args.tokens_per_batch), "--steps", str(args.steps), "--device", "cpu"]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return int(out.strip().splitlines()[-1])
+
+
+def memory_probe(args):
+    variant, size, length = args.memory_probe
+    bench = Bench(variant, SIZES[size], int(length), args)
+    bench.train_steps(args.steps)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux reports KiB
+
+
+def device_name(args):
+    if str(args.device).startswith("cuda"):
+        return f"{torch.cuda.get_device_name()} ({args.dtype})"
+    return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (fp32)"
+
+
+def report(args, runs):
+    lines = [f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{args.tokens_per_batch} "
+             f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
+             f"generation: beam 4, {args.gen_sentences} sentences per batch", "",
+             "| size | length | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
+             "beam-4 sents/s | × fairseq |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    base = {(r["size"], r["length"]): r for r in runs if r["variant"] == "fairseq"}
+    for r in runs:
+        b = base.get((r["size"], r["length"]))
+        ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) else "—"  # noqa: E731
+        lines.append(f"| {r['size']} | {r['length']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
+                     f"{ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | {ratio('peak_mem_bytes')} | "
+                     f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main():
+    args = parse_args()
+    if args.memory_probe:
+        return memory_probe(args)
+    runs = []
+    for size in args.sizes:
+        for length in args.lengths:
+            print(f"[speed] {size}, length {length}: timing {', '.join(args.variants)}", file=sys.stderr, flush=True)
+            speed = measure_speed(args, size, length)
+            for v in args.variants:
+                train_tps, gen_sps, mem = speed[v]
+                if mem is None:
+                    mem = cpu_peak_rss(args, v, size, length)
+                runs.append({"variant": v, "size": size, "length": length, "train_tokens_per_s": train_tps,
+                             "peak_mem_bytes": mem, "gen_sents_per_s": gen_sps})  # fmt: skip
+    print(report(args, runs))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device_name(args), "settings": {
+            k: v for k, v in vars(args).items() if k not in ("json", "memory_probe")}, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count()))
+    main()

@@ -1,0 +1,316 @@
+"""The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+from fairseq_realformer.checkpoints import load_checkpoint
+
+from .helpers import REPO, build_model, parse_args
+
+SCRIPTS = Path(REPO) / "scripts"
+MULTI30K = Path(REPO).parent / "shared" / "data" / "multi30k"
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+average_checkpoints = load_script("average_checkpoints")
+score = load_script("score")
+
+
+def clean_env():
+    """The user's environment without torch.load overrides: checkpoints must load as shipped.
+    One thread per process (unless set): these models are tiny, and spinning OpenMP threads on
+    cores that other tests use slow training down many times over."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "REALFORMER_ALLOW_GLOBALS")}
+    return {"OMP_NUM_THREADS": "1", **env}
+
+
+def run_script(*cmd, check=True):
+    result = subprocess.run([str(c) for c in cmd], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=900)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def cli_error(capsys, main, *argv):
+    """Run a script's main in-process; return its one-line error (it must exit with status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) >= 1 and "Traceback" not in "\n".join(lines)
+    return lines[-1]
+
+
+# --- average_checkpoints.py ---------------------------------------------------------------------
+
+
+def save_checkpoint(path, seed, arch="realformer_iwslt_de_en", flags=(), dtype=torch.float32, epoch=1):
+    """A checkpoint laid out as fairseq's trainer saves one (argparse model config, model state,
+    optimizer history, extra state), holding a tiny model drawn from *seed*."""
+    args = parse_args(arch, *flags)
+    params = {k: (v.to(dtype) if v.is_floating_point() else v)
+              for k, v in build_model(arch, *flags, seed=seed).state_dict().items()}  # fmt: skip
+    torch.save({
+        "args": None,
+        "cfg": {"_name": None, "model": args, "task": {"_name": "translation", "data": "/no/data"}},
+        "model": params,
+        "criterion": None,
+        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                               "optimizer_name": "FairseqAdam", "lr_scheduler_state": {"best": 3.0},
+                               "num_updates": 10 * epoch}],
+        "task_state": {},
+        "extra_state": {"train_iterator": {"epoch": epoch}, "previous_training_time": 1.5},
+        "last_optimizer_state": {"state": {}, "param_groups": [{"lr": 1e-3}]},
+    }, path)  # fmt: skip
+    return params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_average_is_the_elementwise_mean_of_the_last_epochs(tmp_path, dtype):
+    params = {e: save_checkpoint(tmp_path / f"checkpoint{e}.pt", seed=e, dtype=dtype, epoch=e) for e in (1, 2, 3, 4, 10)}
+    out = tmp_path / "avg.pt"
+    # --checkpoint-upper-bound 4: epoch 10 is left out, so the last 3 are epochs 2, 3, 4
+    average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "3",
+                              "--checkpoint-upper-bound", "4", "--output", str(out)])  # fmt: skip
+    averaged = load_checkpoint(out)
+    assert averaged["model"].keys() == params[4].keys()
+    tolerance = {torch.float32: 1e-6, torch.float16: 1e-3}[dtype]
+    for name, value in averaged["model"].items():
+        expected = sum(params[e][name].double() for e in (2, 3, 4)) / 3
+        assert value.dtype == params[4][name].dtype, name
+        torch.testing.assert_close(value.double(), expected, atol=tolerance, rtol=tolerance, msg=name)
+    assert averaged["extra_state"]["train_iterator"]["epoch"] == 4  # the rest is the newest one's
+    assert averaged["cfg"]["model"].arch == "realformer_iwslt_de_en"
+
+
+def test_average_of_update_checkpoints_and_explicit_files(tmp_path):
+    a = save_checkpoint(tmp_path / "checkpoint_1_100.pt", seed=1)
+    b = save_checkpoint(tmp_path / "checkpoint_2_200.pt", seed=2)
+    save_checkpoint(tmp_path / "checkpoint_1_50.pt", seed=3)
+    average_checkpoints.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(tmp_path / "u.pt")])
+    average_checkpoints.main(["--inputs", str(tmp_path / "checkpoint_1_100.pt"), str(tmp_path / "checkpoint_2_200.pt"),
+                              "--output", str(tmp_path / "f.pt")])  # fmt: skip
+    for out in ("u.pt", "f.pt"):
+        averaged = load_checkpoint(tmp_path / out)["model"]
+        for name in a:
+            torch.testing.assert_close(averaged[name], (a[name] + b[name]) / 2, msg=name)
+
+
+MISMATCHES = {
+    "shape": (dict(flags=("--encoder-ffn-embed-dim", "48")),
+              r"encoder\.layers\.0\.fc1\.weight has shape \(32, 16\) in the first, \(48, 16\) in the second"),
+    "keys": (dict(flags=("--encoder-layers", "2")), r"parameters only in the first: \['encoder\.layers\.2\."),
+    "arch": (dict(arch="admin_iwslt_de_en"),
+             r"arch is 'realformer_iwslt_de_en' in the first, 'admin_iwslt_de_en' in the second"),
+    "flag": (dict(flags=("--residual-attention-mode", "sum")),
+             r"residual_attention_mode is 'mean' in the first, 'sum' in the second"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mismatch", MISMATCHES)
+def test_average_refuses_checkpoints_of_different_models(tmp_path, capsys, mismatch):
+    other, expected = MISMATCHES[mismatch]
+    save_checkpoint(tmp_path / "a.pt", seed=1)
+    save_checkpoint(tmp_path / "b.pt", seed=2, **other)
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "a.pt", tmp_path / "b.pt",
+                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error.startswith(f"average_checkpoints.py: error: {tmp_path / 'a.pt'} and {tmp_path / 'b.pt'} are checkpoints of different models")
+    assert re.search(expected, error), error
+    assert not (tmp_path / "avg.pt").exists() and not list(tmp_path.glob(".average_checkpoints.*"))
+
+
+def test_average_command_line_error_is_one_line(tmp_path):
+    save_checkpoint(tmp_path / "a.pt", seed=1)
+    save_checkpoint(tmp_path / "b.pt", seed=2, arch="admin_iwslt_de_en")
+    result = run_script(sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs", tmp_path / "a.pt",
+                        tmp_path / "b.pt", "--output", tmp_path / "avg.pt", check=False)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("average_checkpoints.py: error: ")
+
+
+def test_average_never_overwrites_an_input(tmp_path, capsys):
+    for e in (1, 2):
+        save_checkpoint(tmp_path / f"checkpoint{e}.pt", seed=e)
+    before = (tmp_path / "checkpoint2.pt").read_bytes()
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path, "--num-epoch-checkpoints", "2",
+                      "--output", tmp_path / "checkpoint2.pt", "--force")  # fmt: skip
+    assert error == f"average_checkpoints.py: error: --output {tmp_path / 'checkpoint2.pt'} is one of the inputs; choose another file"
+    assert (tmp_path / "checkpoint2.pt").read_bytes() == before
+
+    (tmp_path / "avg.pt").write_bytes(b"precious")
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path, "--num-epoch-checkpoints", "2",
+                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error.endswith("exists; add --force to replace it")
+    assert (tmp_path / "avg.pt").read_bytes() == b"precious"
+    average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "2", "--output", str(tmp_path / "avg.pt"), "--force"])
+    assert "model" in load_checkpoint(tmp_path / "avg.pt")
+
+
+def test_average_names_the_missing_file_or_flag(tmp_path, capsys):
+    save_checkpoint(tmp_path / "checkpoint1.pt", seed=1)
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "nope.pt",
+                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error == f"average_checkpoints.py: error: --inputs {tmp_path / 'nope.pt'}: no such file"
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path, "--num-epoch-checkpoints", "2",
+                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error == (f"average_checkpoints.py: error: --num-epoch-checkpoints 2: {tmp_path} holds only 1 epoch "
+                     f"checkpoints (checkpointE.pt)")  # fmt: skip
+    (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "broken.pt",
+                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error.startswith(f"average_checkpoints.py: error: {tmp_path / 'broken.pt'} is not a readable torch checkpoint")
+
+
+# --- score.py -------------------------------------------------------------------------------------
+
+HYPOTHESES = ["Ein Computer-Spiel, das \"gut\" ist.", "Zwei Männer spielen Fußball im Park.",
+              "Die Frau-Mann-Gruppe sitzt beim A-B-C-Test.", "Ein Hund läuft durch den Schnee!"]  # fmt: skip
+REFERENCES = ["Ein Computer-Spiel ist gut.", "Zwei Männer spielen im Park Fußball.",
+              "Die Frau-Mann-Gruppe sitzt draußen.", "Ein schwarzer Hund rennt durch den Schnee."]  # fmt: skip
+# the same, compound-split as fairseq's perl one-liner splits them (its output, pasted): matches
+# do not overlap, so "A-B-C-Test" keeps "B-C"
+SPLIT_HYPOTHESES = ["Ein Computer ##AT##-##AT## Spiel, das \"gut\" ist.", HYPOTHESES[1],
+                    "Die Frau ##AT##-##AT## Mann ##AT##-##AT## Gruppe sitzt beim A ##AT##-##AT## B-C ##AT##-##AT## Test.",
+                    HYPOTHESES[3]]  # fmt: skip
+SPLIT_REFERENCES = ["Ein Computer ##AT##-##AT## Spiel ist gut.", REFERENCES[1],
+                    "Die Frau ##AT##-##AT## Mann ##AT##-##AT## Gruppe sitzt draußen.", REFERENCES[3]]  # fmt: skip
+
+
+def reported(stdout, label):
+    """(score, signature) that score.py printed after *label*."""
+    match = re.search(rf"^{re.escape(label)}: (\d+\.\d\d) \(([^)]*)\)", stdout, re.M)
+    assert match, stdout
+    return float(match.group(1)), match.group(2)
+
+
+def write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_score_matches_sacrebleu_on_known_hypotheses(tmp_path, capsys):
+    hyp, ref = write(tmp_path / "hyp.de", HYPOTHESES), write(tmp_path / "ref.de", REFERENCES)
+    score.main(["--hypotheses", str(hyp), "--reference", str(ref), "--source-lang", "en", "--target-lang", "de",
+                "--detok", "none", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    stdout = capsys.readouterr().out
+    expected = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES])
+    assert reported(stdout, "sacreBLEU") == (round(expected.score, 2), "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__)
+    expected_split = sacrebleu.corpus_bleu(SPLIT_HYPOTHESES, [SPLIT_REFERENCES], tokenize="none")
+    assert reported(stdout, "compound-split BLEU")[0] == round(expected_split.score, 2)
+    assert "tok:none" in reported(stdout, "compound-split BLEU")[1]
+    saved = json.loads((tmp_path / "out" / "scores.json").read_text())
+    assert saved["sacrebleu"] == pytest.approx(expected.score) and saved["compound_split_bleu"] == pytest.approx(expected_split.score)
+
+
+@pytest.mark.parametrize("bpe", ["subword_nmt", "sentencepiece"])
+def test_score_restores_order_removes_bpe_and_detokenizes(tmp_path, capsys, bpe):
+    """A fairseq-generate output in batch order, with BPE and Moses tokenization."""
+    tokenized_h = ["Ein Computer-Spiel , das &quot; gut &quot; ist .", "Zwei Männer spielen Fußball im Park .",
+                   "Die Frau-Mann-Gruppe sitzt .", "Ein Hund läuft durch den Schnee !"]  # fmt: skip
+    tokenized_r = ["Ein Computer-Spiel ist gut .", "Zwei Männer spielen im Park Fußball .",
+                   "Die Frau-Mann-Gruppe sitzt draußen .", "Ein schwarzer Hund rennt durch den Schnee ."]  # fmt: skip
+
+    def encode(line):  # a plausible segmentation of each word
+        if bpe == "subword_nmt":
+            return " ".join(w[:3] + "@@ " + w[3:] if len(w) > 4 else w for w in line.split())
+        return " ".join("\u2581" + w[:3] + " " + w[3:] if len(w) > 4 else "\u2581" + w for w in line.split())
+
+    lines = ["2026-01-01 | INFO | fairseq_cli.generate | loading model"]
+    for i in (2, 0, 3, 1):  # fairseq-generate prints by batch, not in corpus order
+        lines += [f"S-{i}\tsource {i}", f"T-{i}\t{encode(tokenized_r[i])}",
+                  f"H-{i}\t-0.25\t{encode(tokenized_h[i])}", f"D-{i}\t-0.25\tignored", f"P-{i}\t-0.1 -0.2"]  # fmt: skip
+        if i == 0:  # --nbest 2: the first H line of a sentence is its best hypothesis
+            lines.append(f"H-{i}\t-0.5\tworse")
+    lines.append("Generate test with beam=4: BLEU4 = 1.00")
+    gen, ref = write(tmp_path / "generate-test.txt", lines), write(tmp_path / "ref.de", REFERENCES)
+    score.main(["--generate-output", str(gen), "--reference", str(ref), "--source-lang", "en", "--target-lang", "de",
+                "--bpe", bpe, "--detok", "moses", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    stdout = capsys.readouterr().out
+    out = tmp_path / "out"
+    assert (out / "test.hyp.tok.de").read_text(encoding="utf-8").splitlines() == tokenized_h
+    assert (out / "test.ref.tok.de").read_text(encoding="utf-8").splitlines() == tokenized_r
+    assert (out / "test.hyp.de").read_text(encoding="utf-8").splitlines()[:2] == [
+        'Ein Computer-Spiel, das "gut" ist.', "Zwei Männer spielen Fußball im Park."]  # fmt: skip
+    split = [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", s) for s in tokenized_h + tokenized_r]
+    expected_split = sacrebleu.corpus_bleu(split[:4], [split[4:]], tokenize="none")
+    assert reported(stdout, "compound-split BLEU")[0] == round(expected_split.score, 2)
+    detok = (out / "test.hyp.de").read_text(encoding="utf-8").splitlines()
+    assert reported(stdout, "sacreBLEU")[0] == round(sacrebleu.corpus_bleu(detok, [REFERENCES]).score, 2)
+
+
+def test_score_refuses_a_reference_of_another_length(tmp_path, capsys):
+    hyp, ref = write(tmp_path / "hyp.de", HYPOTHESES), write(tmp_path / "ref.de", REFERENCES[:3])
+    error = cli_error(capsys, score.main, "--hypotheses", hyp, "--reference", ref, "--source-lang", "en",
+                      "--target-lang", "de")  # fmt: skip
+    assert error == f"score.py: error: {hyp} has 4 hypotheses, --reference {ref} has 3 lines"
+
+
+# --- quickstart.sh and examples/multi30k ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    run = tmp_path_factory.mktemp("quickstart")
+    result = run_script("bash", SCRIPTS / "quickstart.sh", "--ci", run)
+    return run, result.stdout, result.stderr
+
+
+def test_quickstart_learns_to_translate(quickstart):
+    """The floor, 40: a translation with every word and agreement right but the clauses left in
+    source order (no subject-object-verb, no fronted phrase) scores 32.7 on this test set, an
+    untrained model about 0; the --ci model scored 60.4 when this was written."""
+    run, stdout, _ = quickstart
+    scores = json.loads((run / "score" / "scores.json").read_text())
+    assert scores["sentences"] == 500
+    assert scores["sacrebleu"] > 40, stdout[-3000:]
+    assert scores["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
+    assert re.search(r"^sacreBLEU: \d+\.\d\d \(nrefs:1", stdout, re.M)
+    assert len((run / "score" / "test.hyp.tgt").read_text().splitlines()) == 500
+
+
+def test_quickstart_averages_its_last_two_checkpoints(quickstart):
+    """Real fairseq checkpoints: the averaged one is their mean, and fairseq-generate loaded it."""
+    run, _, stderr = quickstart
+    ckpt = run / "checkpoints"
+    kept = sorted(ckpt.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    assert len(kept) == 2 and kept[1].name.endswith("_500.pt")  # --keep-interval-updates 2
+    last = [load_checkpoint(p)["model"] for p in kept]
+    averaged = load_checkpoint(ckpt / "checkpoint_avg.pt")["model"]
+    for name, value in averaged.items():
+        torch.testing.assert_close(value, (last[0][name] + last[1][name]) / 2, msg=name)
+    assert re.search(r"fairseq-generate .* --path \S*/checkpoint_avg\.pt ", stderr), stderr[-3000:]
+
+
+def test_quickstart_rerun_skips_finished_steps(quickstart):
+    run, first, _ = quickstart
+    stdout = run_script("bash", SCRIPTS / "quickstart.sh", "--ci", run).stdout
+    for step in ("2/6 corpus", "3/6 subwords + binarize", "4/6 train", "5/6 average", "6/6 translate + score"):
+        assert re.search(rf"\] {re.escape(step)}: .* exists, skipped", stdout), stdout
+    assert "fairseq_cli.train" not in stdout
+    assert reported(stdout, "sacreBLEU") == reported(first, "sacreBLEU")
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
+def test_multi30k_tiny_run_on_the_real_data(tmp_path):
+    data_before = sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir())
+    stdout = run_script("bash", Path(REPO) / "examples" / "multi30k" / "run.sh", "--tiny", MULTI30K, tmp_path).stdout
+    assert len((tmp_path / "spm" / "train.en").read_text().splitlines()) == 300  # first 300 lines only
+    assert "\u2581" in (tmp_path / "spm" / "train.de").read_text()  # sentencepiece pieces
+    scores = json.loads((tmp_path / "score" / "scores.json").read_text())
+    assert scores["sentences"] == 300 and scores["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
+    assert re.search(r"^sacreBLEU: \d+\.\d\d", stdout, re.M)
+    assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
