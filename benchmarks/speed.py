@@ -8,7 +8,8 @@ Variants (same sizes, batches and weights' shapes):
 
 Measured for each size (6L-6L and 18L-18L, 512/2048/8) and sentence length (~30 and ~100 tokens):
 training tokens/s (forward + backward + Adam step; target tokens), peak memory (GPU: max allocated;
-CPU: peak RSS of a fresh process doing the same training steps), and beam-4 generation sentences/s
+CPU: peak RSS of a fresh process doing the same training steps, above its RSS before the model is
+built), and beam-4 generation sentences/s
 with incremental decoding (every hypothesis exactly as long as the reference length, so every
 variant does the same work). Timings are interleaved across variants, repeated, and reported as
 medians; the table gives each variant's ratio to fairseq in the same run.
@@ -20,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,12 +48,16 @@ def parse_args(argv=None):
     p.add_argument("--lengths", default="30,100", help="sentence lengths in tokens (default: %(default)s)")
     p.add_argument("--tokens-per-batch", type=int, help="training batch size in target tokens "
                    "(default: 4096 on GPU, 1024 on CPU, 512 with --quick)")  # fmt: skip
-    p.add_argument("--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU)")
+    p.add_argument("--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU, 4 --quick)")
     p.add_argument("--steps", type=int, help="training steps per timed repeat (default: 10 GPU, 3 CPU, 2 --quick)")
     p.add_argument("--repeats", type=int, help="interleaved repeats; medians are reported (default: 5, 3 --quick)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--saved-activations", choices=["fp32", "fp16", "bf16"], metavar="DTYPE",
+                   help="also count the bytes autograd saves for backward in one training forward pass, "
+                   "in DTYPE at 4096 target tokens (any device): the part of training memory the "
+                   "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold")  # fmt: skip
     p.add_argument("--json", help="also write the numbers here")
     p.add_argument("--memory-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -67,7 +71,7 @@ def parse_args(argv=None):
     if args.dtype != "fp32" and not gpu:
         p.error("--dtype fp16/bf16 needs a GPU (--device cuda)")
     args.tokens_per_batch = args.tokens_per_batch or (4096 if gpu else 512 if args.quick else 1024)
-    args.gen_sentences = args.gen_sentences or (64 if gpu else 8)
+    args.gen_sentences = args.gen_sentences or (64 if gpu else 4 if args.quick else 8)
     args.steps = args.steps or (10 if gpu else 2 if args.quick else 3)
     args.repeats = args.repeats or (3 if args.quick else 5)
     return args
@@ -181,22 +185,60 @@ def measure_speed(args, size, length):
             bench.train_steps(1)
             memory[v] = torch.cuda.max_memory_allocated()
     del benches
-    return {v: (statistics.median(train[v]), statistics.median(gen[v]), memory.get(v)) for v in train}
+
+    def spread(xs):  # how much the repeats disagree: the noise floor of the ratios
+        return (max(xs) - min(xs)) / statistics.median(xs)
+
+    return {v: (statistics.median(train[v]), statistics.median(gen[v]), memory.get(v), spread(train[v]), spread(gen[v]))
+            for v in train}  # fmt: skip
 
 
 def cpu_peak_rss(args, variant, size, length):
-    """Peak RSS of a fresh process building *variant* and doing the same training steps."""
+    """Peak RSS of a fresh process building *variant* and doing the same training steps, above
+    that process's RSS before the model exists (imports excluded, like CUDA's max allocated)."""
     cmd = [sys.executable, __file__, "--memory-probe", variant, size, str(length),
            "--tokens-per-batch", str(args.tokens_per_batch), "--steps", str(args.steps), "--device", "cpu"]  # fmt: skip
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return int(out.strip().splitlines()[-1])
 
 
+def rss_bytes(field):
+    """VmRSS (now) or VmHWM (peak) of this process. Not getrusage's ru_maxrss: Linux keeps that
+    across exec, so a probe would report its parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
 def memory_probe(args):
+    import fairseq_realformer  # noqa: F401  (imports fairseq: part of the baseline)
+
     variant, size, length = args.memory_probe
+    baseline = rss_bytes("VmRSS")
     bench = Bench(variant, SIZES[size], int(length), args)
     bench.train_steps(args.steps)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux reports KiB
+    print(rss_bytes("VmHWM") - baseline)
+
+
+def saved_for_backward_bytes(args, variant, size, length):
+    """Bytes of the distinct tensors autograd keeps for backward in one training forward pass."""
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.saved_activations]
+    model, dictionary = build(variant, SIZES[size], args.device, dtype)
+    sample = batch(dictionary, 4096 // length, length, args.device)
+    if getattr(model, "admin_init_pending", False):
+        model.initialize_admin(sample["net_input"])
+    storages = {}
+
+    def keep(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(**sample["net_input"])
+    return sum(storages.values())
 
 
 def device_name(args):
@@ -210,14 +252,18 @@ def report(args, runs):
              f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
              f"generation: beam 4, {args.gen_sentences} sentences per batch", "",
              "| size | length | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
-             "beam-4 sents/s | × fairseq |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "beam-4 sents/s | × fairseq | spread train / gen |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = {(r["size"], r["length"]): r for r in runs if r["variant"] == "fairseq"}
     for r in runs:
         b = base.get((r["size"], r["length"]))
         ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) else "—"  # noqa: E731
         lines.append(f"| {r['size']} | {r['length']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
                      f"{ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | {ratio('peak_mem_bytes')} | "
-                     f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} |")  # fmt: skip
+                     f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} | "
+                     f"{r['train_spread']:.0%} / {r['gen_spread']:.0%} |")  # fmt: skip
+    lines += ["", "spread: (max − min) / median of the repeats. `none` runs fairseq's own modules: its "
+              "distance from 1.000 is the noise of this run."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -231,15 +277,30 @@ def main():
             print(f"[speed] {size}, length {length}: timing {', '.join(args.variants)}", file=sys.stderr, flush=True)
             speed = measure_speed(args, size, length)
             for v in args.variants:
-                train_tps, gen_sps, mem = speed[v]
+                train_tps, gen_sps, mem, train_spread, gen_spread = speed[v]
                 if mem is None:
                     mem = cpu_peak_rss(args, v, size, length)
                 runs.append({"variant": v, "size": size, "length": length, "train_tokens_per_s": train_tps,
-                             "peak_mem_bytes": mem, "gen_sents_per_s": gen_sps})  # fmt: skip
+                             "peak_mem_bytes": mem, "gen_sents_per_s": gen_sps,
+                             "train_spread": train_spread, "gen_spread": gen_spread})  # fmt: skip
     print(report(args, runs))
+    saved = []
+    if args.saved_activations:
+        lines = ["", f"Tensors saved for backward, one training forward pass of 4096 target tokens in "
+                 f"{args.saved_activations}:", "", "| size | length | variant | MiB | × fairseq |", "|---|---|---|---|---|"]  # fmt: skip
+        for size in args.sizes:
+            for length in args.lengths:
+                cell = {v: saved_for_backward_bytes(args, v, size, length) for v in args.variants}
+                for v, n in cell.items():
+                    saved.append({"variant": v, "size": size, "length": length, "dtype": args.saved_activations,
+                                  "saved_for_backward_bytes": n})  # fmt: skip
+                    ratio = f"{n / cell['fairseq']:.3f}" if "fairseq" in cell else "—"
+                    lines.append(f"| {size} | {length} | {v} | {n / 2**20:.0f} | {ratio} |")
+        print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device_name(args), "settings": {
-            k: v for k, v in vars(args).items() if k not in ("json", "memory_probe")}, "runs": runs}, indent=1))
+            k: v for k, v in vars(args).items() if k not in ("json", "memory_probe")}, "runs": runs,
+            "saved_for_backward": saved}, indent=1))
 
 
 if __name__ == "__main__":

@@ -170,3 +170,30 @@ def test_bfloat16_carry_stays_bfloat16():
     _, _, s1 = ours(x, x, x)
     _, _, s2 = ours(x, x, x, prev_scores=s1, depth=2)
     assert s1.dtype == s2.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("running_mean", [False, True], ids=["sum", "mean"])
+def test_half_precision_gradients_match_float32(dtype, running_mean):
+    """In half precision the softmax saves only its half output for backward; the gradients
+    still equal float32's to half precision."""
+    _, reference = pair(self_attention=True)
+    reference.running_mean = running_mean
+    half = ResidualMultiheadAttention(EMBED, HEADS, self_attention=True, running_mean=running_mean)
+    half.load_state_dict(reference.state_dict())
+    half = half.to(dtype)
+    x = torch.randn(T, B, EMBED)
+    prev = torch.randn(B * HEADS, T, T)
+    kpm, mask = padding([5, 3, 4], T, left=False), future_mask(T)
+    grads = []
+    for module, inputs in ((reference, x), (half, x.to(dtype))):
+        try:
+            out, _, scores = module(inputs, inputs, inputs, key_padding_mask=kpm, attn_mask=mask,
+                                    prev_scores=prev if dtype == torch.float16 or module is reference
+                                    else prev.to(dtype), depth=2)  # fmt: skip
+            (out.float().square().sum() + scores.float().sum()).backward()
+        except RuntimeError as e:  # pragma: no cover - CPU builds without half GEMM backward
+            pytest.skip(f"{dtype} backward unavailable on this CPU build: {e}")
+        grads.append([p.grad.float() for p in (module.q_proj.weight, module.k_proj.weight, module.v_proj.weight)])
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
