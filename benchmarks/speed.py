@@ -12,7 +12,8 @@ CPU: peak RSS of a fresh process doing the same training steps, above its RSS be
 built), and beam-4 generation sentences/s
 with incremental decoding (every hypothesis exactly as long as the reference length, so every
 variant does the same work). Timings are interleaved across variants, repeated, and reported as
-medians; the table gives each variant's ratio to fairseq in the same run.
+medians; the table gives each variant's ratio to fairseq in the same run, both as the ratio of
+the medians and as the median of the per-repeat (paired) ratios.
 
     python benchmarks/speed.py --quick                 # CPU, a few minutes
     python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU
@@ -60,6 +61,7 @@ def parse_args(argv=None):
                    "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold")  # fmt: skip
     p.add_argument("--json", help="also write the numbers here")
     p.add_argument("--memory-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
+    p.add_argument("--saved-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     gpu = args.device.startswith("cuda")
     args.sizes = (args.sizes or ("6L-6L" if args.quick else ",".join(SIZES))).split(",")
@@ -189,7 +191,14 @@ def measure_speed(args, size, length):
     def spread(xs):  # how much the repeats disagree: the noise floor of the ratios
         return (max(xs) - min(xs)) / statistics.median(xs)
 
-    return {v: (statistics.median(train[v]), statistics.median(gen[v]), memory.get(v), spread(train[v]), spread(gen[v]))
+    def paired(series, v):  # median of the per-repeat ratios: a slow drift of the machine cancels out
+        if "fairseq" not in series:
+            return None
+        return statistics.median(x / b for x, b in zip(series[v], series["fairseq"]))
+
+    return {v: {"train_tokens_per_s": statistics.median(train[v]), "gen_sents_per_s": statistics.median(gen[v]),
+                "peak_mem_bytes": memory.get(v), "train_spread": spread(train[v]), "gen_spread": spread(gen[v]),
+                "train_ratio_paired": paired(train, v), "gen_ratio_paired": paired(gen, v)}
             for v in train}  # fmt: skip
 
 
@@ -223,7 +232,23 @@ def memory_probe(args):
 
 
 def saved_for_backward_bytes(args, variant, size, length):
-    """Bytes of the distinct tensors autograd keeps for backward in one training forward pass."""
+    """Bytes of the distinct tensors autograd keeps for backward in one training forward pass,
+    counted in a fresh process (what the timing runs left allocated must not add up: 18L-18L in
+    one process ran out of this machine's 24 GiB)."""
+    cmd = [sys.executable, __file__, "--saved-probe", variant, size, str(length),
+           "--saved-activations", args.saved_activations, "--device", str(args.device)]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return int(out.strip().splitlines()[-1])
+
+
+def saved_probe(args):
+    import fairseq_realformer  # noqa: F401
+
+    variant, size, length = args.saved_probe
+    print(count_saved_for_backward(args, variant, size, int(length)))
+
+
+def count_saved_for_backward(args, variant, size, length):
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.saved_activations]
     model, dictionary = build(variant, SIZES[size], args.device, dtype)
     sample = batch(dictionary, 4096 // length, length, args.device)
@@ -247,23 +272,30 @@ def device_name(args):
     return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (fp32)"
 
 
+def paired(run):
+    if run.get("train_ratio_paired") is None:
+        return "—"
+    return f"{run['train_ratio_paired']:.3f} / {run['gen_ratio_paired']:.3f}"
+
+
 def report(args, runs):
     lines = [f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{args.tokens_per_batch} "
              f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
              f"generation: beam 4, {args.gen_sentences} sentences per batch", "",
              "| size | length | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
-             "beam-4 sents/s | × fairseq | spread train / gen |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     base = {(r["size"], r["length"]): r for r in runs if r["variant"] == "fairseq"}
     for r in runs:
         b = base.get((r["size"], r["length"]))
         ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) else "—"  # noqa: E731
         lines.append(f"| {r['size']} | {r['length']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
                      f"{ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | {ratio('peak_mem_bytes')} | "
-                     f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} | "
+                     f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} | {paired(r)} | "
                      f"{r['train_spread']:.0%} / {r['gen_spread']:.0%} |")  # fmt: skip
-    lines += ["", "spread: (max − min) / median of the repeats. `none` runs fairseq's own modules: its "
-              "distance from 1.000 is the noise of this run."]  # fmt: skip
+    lines += ["", "× fairseq: ratio of the medians. paired: median over repeats of the ratio to fairseq's run in "
+              "the same repeat (the machine's slow drifts cancel). spread: (max − min) / median of the repeats. "
+              "`none` runs fairseq's own modules: its distance from 1.000 is the noise of this run."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -271,19 +303,20 @@ def main():
     args = parse_args()
     if args.memory_probe:
         return memory_probe(args)
+    if args.saved_probe:
+        return saved_probe(args)
     runs = []
     for size in args.sizes:
         for length in args.lengths:
             print(f"[speed] {size}, length {length}: timing {', '.join(args.variants)}", file=sys.stderr, flush=True)
             speed = measure_speed(args, size, length)
             for v in args.variants:
-                train_tps, gen_sps, mem, train_spread, gen_spread = speed[v]
-                if mem is None:
-                    mem = cpu_peak_rss(args, v, size, length)
-                runs.append({"variant": v, "size": size, "length": length, "train_tokens_per_s": train_tps,
-                             "peak_mem_bytes": mem, "gen_sents_per_s": gen_sps,
-                             "train_spread": train_spread, "gen_spread": gen_spread})  # fmt: skip
-    print(report(args, runs))
+                run = {"variant": v, "size": size, "length": length, **speed[v]}
+                if run["peak_mem_bytes"] is None:
+                    run["peak_mem_bytes"] = cpu_peak_rss(args, v, size, length)
+                runs.append(run)
+    print(report(args, runs), flush=True)
+    write_json(args, runs, [])
     saved = []
     if args.saved_activations:
         lines = ["", f"Tensors saved for backward, one training forward pass of 4096 target tokens in "
@@ -297,10 +330,14 @@ def main():
                     ratio = f"{n / cell['fairseq']:.3f}" if "fairseq" in cell else "—"
                     lines.append(f"| {size} | {length} | {v} | {n / 2**20:.0f} | {ratio} |")
         print("\n".join(lines))
+    write_json(args, runs, saved)
+
+
+def write_json(args, runs, saved):
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device_name(args), "settings": {
-            k: v for k, v in vars(args).items() if k not in ("json", "memory_probe")}, "runs": runs,
-            "saved_for_backward": saved}, indent=1))
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "memory_probe", "saved_probe")}
+        Path(args.json).write_text(json.dumps({"device": device_name(args), "settings": settings, "runs": runs,
+                                               "saved_for_backward": saved}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -264,20 +264,23 @@ class RealformerModel(TransformerModel):
         copy of the parameters (fairseq's --fp16) would otherwise overwrite the new ω."""
         if not self._admin_pending:
             return
-        encoder_layers = list(self.encoder.layers._modules.values())  # all of them, LayerDrop or not
-        decoder_layers = list(self.decoder.layers._modules.values())
+        stacks = (self.encoder.layers, self.decoder.layers)
         if self.args.admin_init_path:
-            encoder_omegas, decoder_omegas = admin.read_clinic_profile(
-                self.args.admin_init_path, len(encoder_layers), len(decoder_layers)
-            )
-            omegas = [w for layer in encoder_layers + decoder_layers for w in layer.sublayer_omegas()]
-            for omega, value in zip(omegas, encoder_omegas + decoder_omegas):
-                omega.fill_(value)
+            encoder_omegas, decoder_omegas = admin.load_clinic_profile(self.args.admin_init_path, *stacks)
             source = f"from {self.args.admin_init_path}"
         else:
             if net_input is None:
                 raise ValueError("--admin-init profile needs a training batch (net_input)")
-            encoder_omegas, decoder_omegas = self._profile_admin(encoder_layers, decoder_layers, **net_input)
+            src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
+            prev_output_tokens = net_input["prev_output_tokens"]
+            pad = self.encoder.padding_idx
+            encoder_omegas, decoder_omegas = admin.profile(
+                self,
+                # fairseq's forward: ours refuses to train while ω are pending
+                lambda: super(RealformerModel, self).forward(src_tokens, src_lengths, prev_output_tokens),
+                stacks,
+                keeps=(src_tokens.ne(pad).t(), prev_output_tokens.ne(pad).t()),
+            )
             source = "by profiling one training batch per process"
         self.admin_initialized.fill_(1)
         self._admin_pending = False
@@ -285,32 +288,6 @@ class RealformerModel(TransformerModel):
             f"ADMIN omega initialised {source}: encoder {encoder_omegas[0]:.3f} .. {encoder_omegas[-1]:.3f}, "
             f"decoder {decoder_omegas[0]:.3f} .. {decoder_omegas[-1]:.3f}"
         )
-
-    def _profile_admin(self, encoder_layers, decoder_layers, src_tokens, src_lengths, prev_output_tokens, **_):
-        pad = self.encoder.padding_idx
-        profilers = (
-            admin.AdminProfiler(src_tokens.ne(pad).t(), admin.distributed_sum),
-            admin.AdminProfiler(prev_output_tokens.ne(pad).t(), admin.distributed_sum),
-        )
-        stacks = (self.encoder.layers, self.decoder.layers)
-        layerdrop = [getattr(stack, "p", None) for stack in stacks]
-        was_training = self.training
-        try:
-            self.train()  # dropout on, as ADMIN profiles
-            for stack, layers, profiler in zip(stacks, (encoder_layers, decoder_layers), profilers):
-                if hasattr(stack, "p"):
-                    stack.p = 0.0  # LayerDrop off: every sublayer needs its ω
-                for layer in layers:
-                    layer.admin_profiler = profiler
-            super().forward(src_tokens, src_lengths, prev_output_tokens)
-        finally:
-            self.train(was_training)
-            for stack, layers, p in zip(stacks, (encoder_layers, decoder_layers), layerdrop):
-                if p is not None:
-                    stack.p = p
-                for layer in layers:
-                    layer.admin_profiler = None
-        return profilers[0].omegas, profilers[1].omegas
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

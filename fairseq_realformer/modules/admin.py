@@ -25,7 +25,7 @@ import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
 
@@ -85,6 +85,50 @@ class AdminProfiler:
         """(number of elements, sum, sum of squares) of the real tokens' features, in float64."""
         t = (t[self.keep] if self.keep is not None else t).double()
         return torch.stack([t.new_tensor(float(t.numel())), t.sum(), t.square().sum()])
+
+
+@torch.no_grad()
+def profile(model: nn.Module, forward: Callable[[], object], stacks: Sequence[nn.ModuleList],
+            keeps: Sequence[Optional[Tensor]]) -> List[List[float]]:  # fmt: skip
+    """Set every sublayer's ω of *stacks* by one profiling pass: *forward* runs *model* once on a
+    training batch, with dropout on (as ADMIN profiles) and LayerDrop off (every sublayer needs
+    its ω); stack i's statistics are taken over the elements *keeps[i]* selects and summed over
+    processes. Returns the ω set, per stack, in sublayer order."""
+    profilers = [AdminProfiler(keep, distributed_sum) for keep in keeps]
+    layerdrop = [getattr(stack, "p", None) for stack in stacks]
+    was_training = model.training
+    try:
+        model.train()
+        for stack, profiler in zip(stacks, profilers):
+            if hasattr(stack, "p"):
+                stack.p = 0.0
+            for layer in _all_layers(stack):
+                layer.admin_profiler = profiler
+        forward()
+    finally:
+        model.train(was_training)
+        for stack, p in zip(stacks, layerdrop):
+            if p is not None:
+                stack.p = p
+            for layer in _all_layers(stack):
+                layer.admin_profiler = None
+    return [profiler.omegas for profiler in profilers]
+
+
+@torch.no_grad()
+def load_clinic_profile(path: str, encoder: nn.ModuleList, decoder: nn.ModuleList) -> List[List[float]]:
+    """Set every sublayer's ω from a Transformer-Clinic ``profile.ratio.init``; returns them."""
+    encoder_layers, decoder_layers = _all_layers(encoder), _all_layers(decoder)
+    omegas = read_clinic_profile(path, len(encoder_layers), len(decoder_layers))
+    for layers, values in zip((encoder_layers, decoder_layers), omegas):
+        for omega, value in zip((w for layer in layers for w in layer.sublayer_omegas()), values):
+            omega.fill_(value)
+    return list(omegas)
+
+
+def _all_layers(stack: nn.ModuleList) -> List[nn.Module]:
+    # iterating a LayerDropModuleList in training mode skips layers at random
+    return list(stack._modules.values())
 
 
 def distributed_sum(t: Tensor) -> Tensor:
