@@ -114,7 +114,6 @@ def train_flags(args, bin_dir: Path, variant: str):
 def first_layer_grad_norms(flags):
     """Gradient norms of the first encoder and decoder layers at initialisation, on the first
     training batch (dropout on), the same way fairseq-train builds model, data and loss."""
-    import torch
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 

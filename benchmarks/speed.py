@@ -7,10 +7,9 @@ Variants (same sizes, batches and weights' shapes):
     realformer_mean  RealFormer on ADMIN, all three paths, running mean (the paper's NMT setting)
 
 Measured for each size (6L-6L and 18L-18L, 512/2048/8) and sentence length (~30 and ~100 tokens):
-training tokens/s (forward + backward + Adam step; target tokens), peak memory (GPU: max allocated;
-CPU: peak RSS of a fresh process doing the same training steps, above its RSS before the model is
-built), and beam-4 generation sentences/s
-with incremental decoding (every hypothesis exactly as long as the reference length, so every
+training tokens/s (forward + backward + Adam step; target tokens), peak memory of a fresh process
+doing the same training steps (GPU: max allocated; CPU: peak RSS above the RSS before the model is
+built), and beam-4 generation sentences/s with incremental decoding (every hypothesis exactly as long as the reference length, so every
 variant does the same work). Timings are interleaved across variants, repeated, and reported as
 medians; the table gives each variant's ratio to fairseq in the same run, both as the ratio of
 the medians and as the median of the per-repeat (paired) ratios.
@@ -39,6 +38,7 @@ VARIANTS = {
     "realformer_mean": ["--arch", "realformer", "--residual-attention-mode", "mean"],
 }
 SIZES = {"6L-6L": 6, "18L-18L": 18}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 VOCAB = 10000
 
 
@@ -52,10 +52,10 @@ def parse_args(argv=None):
     p.add_argument("--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU, 4 --quick)")
     p.add_argument("--steps", type=int, help="training steps per timed repeat (default: 10 GPU, 3 CPU, 2 --quick)")
     p.add_argument("--repeats", type=int, help="interleaved repeats; medians are reported (default: 5, 3 --quick)")
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--dtype", choices=DTYPES, default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--saved-activations", choices=["fp32", "fp16", "bf16"], metavar="DTYPE",
+    p.add_argument("--saved-activations", choices=DTYPES, metavar="DTYPE",
                    help="also count the bytes autograd saves for backward in one training forward pass, "
                    "in DTYPE at 4096 target tokens (any device): the part of training memory the "
                    "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold")  # fmt: skip
@@ -123,7 +123,7 @@ class Bench:
     def __init__(self, variant, layers, length, args):
         from fairseq.sequence_generator import SequenceGenerator
 
-        self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+        self.dtype = DTYPES[args.dtype]
         self.device = args.device
         self.model, self.dictionary = build(variant, layers, args.device, self.dtype)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6 if self.dtype != torch.float32 else 1e-8)
@@ -180,12 +180,6 @@ def measure_speed(args, size, length):
         for v, bench in benches.items():
             train[v].append(bench.tokens * args.steps / timed(lambda: bench.train_steps(args.steps)))
             gen[v].append(args.gen_sentences / timed(bench.generate))
-    memory = {}
-    for v, bench in benches.items():
-        if str(args.device).startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-            bench.train_steps(1)
-            memory[v] = torch.cuda.max_memory_allocated()
     del benches
 
     def spread(xs):  # how much the repeats disagree: the noise floor of the ratios
@@ -197,16 +191,18 @@ def measure_speed(args, size, length):
         return statistics.median(x / b for x, b in zip(series[v], series["fairseq"]))
 
     return {v: {"train_tokens_per_s": statistics.median(train[v]), "gen_sents_per_s": statistics.median(gen[v]),
-                "peak_mem_bytes": memory.get(v), "train_spread": spread(train[v]), "gen_spread": spread(gen[v]),
+                "train_spread": spread(train[v]), "gen_spread": spread(gen[v]),
                 "train_ratio_paired": paired(train, v), "gen_ratio_paired": paired(gen, v)}
             for v in train}  # fmt: skip
 
 
-def cpu_peak_rss(args, variant, size, length):
-    """Peak RSS of a fresh process building *variant* and doing the same training steps, above
-    that process's RSS before the model exists (imports excluded, like CUDA's max allocated)."""
-    cmd = [sys.executable, __file__, "--memory-probe", variant, size, str(length),
-           "--tokens-per-batch", str(args.tokens_per_batch), "--steps", str(args.steps), "--device", "cpu"]  # fmt: skip
+def in_fresh_process(args, probe, variant, size, length):
+    """Run *probe* ("--memory-probe" or "--saved-probe") for one variant in a new process and
+    return the number it prints: memory is measured with nothing else allocated (no other
+    variant's model, no leftovers of the timing runs; 18L-18L in one process ran out of 24 GiB)."""
+    cmd = [sys.executable, __file__, probe, variant, size, str(length), "--device", str(args.device),
+           "--dtype", args.dtype, "--tokens-per-batch", str(args.tokens_per_batch), "--steps", str(args.steps),
+           *(["--saved-activations", args.saved_activations] if args.saved_activations else [])]  # fmt: skip
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return int(out.strip().splitlines()[-1])
 
@@ -221,36 +217,22 @@ def rss_bytes(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def memory_probe(args):
-    import fairseq_realformer  # noqa: F401  (imports fairseq: part of the baseline)
+def peak_memory(args, variant, size, length):
+    """Peak memory of building *variant* and doing the timed training steps: GPU max allocated,
+    or CPU peak RSS above the RSS before the model exists (imports excluded)."""
+    import fairseq_realformer  # noqa: F401  (imports fairseq before the baseline is taken)
 
-    variant, size, length = args.memory_probe
     baseline = rss_bytes("VmRSS")
-    bench = Bench(variant, SIZES[size], int(length), args)
+    bench = Bench(variant, SIZES[size], length, args)
     bench.train_steps(args.steps)
-    print(rss_bytes("VmHWM") - baseline)
+    if str(args.device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated()
+    return rss_bytes("VmHWM") - baseline
 
 
 def saved_for_backward_bytes(args, variant, size, length):
-    """Bytes of the distinct tensors autograd keeps for backward in one training forward pass,
-    counted in a fresh process (what the timing runs left allocated must not add up: 18L-18L in
-    one process ran out of this machine's 24 GiB)."""
-    cmd = [sys.executable, __file__, "--saved-probe", variant, size, str(length),
-           "--saved-activations", args.saved_activations, "--device", str(args.device)]  # fmt: skip
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return int(out.strip().splitlines()[-1])
-
-
-def saved_probe(args):
-    import fairseq_realformer  # noqa: F401
-
-    variant, size, length = args.saved_probe
-    print(count_saved_for_backward(args, variant, size, int(length)))
-
-
-def count_saved_for_backward(args, variant, size, length):
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.saved_activations]
-    model, dictionary = build(variant, SIZES[size], args.device, dtype)
+    """Bytes of the distinct tensors autograd keeps for backward in one training forward pass."""
+    model, dictionary = build(variant, SIZES[size], args.device, DTYPES[args.saved_activations])
     sample = batch(dictionary, 4096 // length, length, args.device)
     if getattr(model, "admin_init_pending", False):
         model.initialize_admin(sample["net_input"])
@@ -301,20 +283,19 @@ def report(args, runs):
 
 def main():
     args = parse_args()
-    if args.memory_probe:
-        return memory_probe(args)
-    if args.saved_probe:
-        return saved_probe(args)
+    for probe, measure in ((args.memory_probe, peak_memory), (args.saved_probe, saved_for_backward_bytes)):
+        if probe:
+            variant, size, length = probe
+            print(measure(args, variant, size, int(length)))
+            return
     runs = []
     for size in args.sizes:
         for length in args.lengths:
             print(f"[speed] {size}, length {length}: timing {', '.join(args.variants)}", file=sys.stderr, flush=True)
             speed = measure_speed(args, size, length)
             for v in args.variants:
-                run = {"variant": v, "size": size, "length": length, **speed[v]}
-                if run["peak_mem_bytes"] is None:
-                    run["peak_mem_bytes"] = cpu_peak_rss(args, v, size, length)
-                runs.append(run)
+                memory = in_fresh_process(args, "--memory-probe", v, size, length)
+                runs.append({"variant": v, "size": size, "length": length, **speed[v], "peak_mem_bytes": memory})
     print(report(args, runs), flush=True)
     write_json(args, runs, [])
     saved = []
@@ -323,7 +304,7 @@ def main():
                  f"{args.saved_activations}:", "", "| size | length | variant | MiB | × fairseq |", "|---|---|---|---|---|"]  # fmt: skip
         for size in args.sizes:
             for length in args.lengths:
-                cell = {v: saved_for_backward_bytes(args, v, size, length) for v in args.variants}
+                cell = {v: in_fresh_process(args, "--saved-probe", v, size, length) for v in args.variants}
                 for v, n in cell.items():
                     saved.append({"variant": v, "size": size, "length": length, "dtype": args.saved_activations,
                                   "saved_for_backward_bytes": n})  # fmt: skip

@@ -16,7 +16,7 @@ from fairseq import options
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-from .helpers import REPO, USER_DIR, FakeTask, make_dictionary
+from .helpers import REPO, FakeTask, make_dictionary
 
 WMT14 = Path(REPO) / "examples" / "wmt14"
 BIN = Path(sys.executable).parent
