@@ -12,7 +12,6 @@ Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are
 a re-run skips finished variants.
 """
 import argparse
-import gzip
 import json
 import math
 import os
@@ -22,16 +21,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from variants import VARIANTS, check  # noqa: E402
+import multi30k_args  # noqa: E402
+from multi30k_args import REPO, VARIANTS  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "fairseq_realformer"
 BIN = Path(sys.executable).parent
 
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"),
-                   help="folder with Multi30k's train/val .en.gz/.de.gz (default: %(default)s)")
     p.add_argument("--out", default=str(REPO / "runs" / "depth_stability"), help="work folder (default: %(default)s)")
     p.add_argument("--pairs", type=int, default=4000, help="training sentence pairs (default: %(default)s)")
     p.add_argument("--valid-pairs", type=int, default=500)
@@ -45,12 +43,9 @@ def parse_args():
     p.add_argument("--max-update", type=int, default=150, help="updates per variant (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of %(default)s")
-    p.add_argument("--json", help="also write the results here")
+    multi30k_args.add(p, ",".join(VARIANTS))
     args = p.parse_args()
-    args.variants = check(p, args.variants)
-    if not (Path(args.data) / "train.en.gz").exists():
-        p.error(f"--data {args.data}: no train.en.gz there (expected the Multi30k layout, see its README)")
+    multi30k_args.check(p, args)
     return args
 
 
@@ -58,46 +53,22 @@ def log(message):
     print(f"[depth-stability] {message}", flush=True)
 
 
-def read_pairs(data: Path, split: str, n: int):
-    with gzip.open(data / f"{split}.en.gz", "rt") as en, gzip.open(data / f"{split}.de.gz", "rt") as de:
-        return [(e.strip(), d.strip()) for (e, d), _ in zip(zip(en, de), range(n))]
-
-
 def prepare(args, out: Path) -> Path:
-    """First --pairs training pairs, joint sentencepiece, fairseq-preprocess (skipped when done)."""
-    bin_dir = out / "bin"
-    if (bin_dir / "dict.en.txt").exists():
-        log(f"data: reusing {bin_dir}")
-        return bin_dir
-    import sentencepiece as spm
-
-    text = out / "text"
-    text.mkdir(parents=True, exist_ok=True)
-    splits = {"train": read_pairs(Path(args.data), "train", args.pairs),
-              "valid": read_pairs(Path(args.data), "val", args.valid_pairs)}  # fmt: skip
-    log(f"data: {len(splits['train'])} train / {len(splits['valid'])} valid pairs from {args.data}")
-    with open(text / "spm_input.txt", "w") as f:
-        for en, de in splits["train"]:
-            f.write(f"{en}\n{de}\n")
-    spm.SentencePieceTrainer.train(input=str(text / "spm_input.txt"), model_prefix=str(text / "spm"),
-                                   vocab_size=args.vocab, character_coverage=1.0, model_type="bpe",
-                                   minloglevel=2)  # fmt: skip
-    sp = spm.SentencePieceProcessor(model_file=str(text / "spm.model"))
-    for split, pairs in splits.items():
-        for i, lang in enumerate(("en", "de")):
-            with open(text / f"{split}.{lang}", "w") as f:
-                f.writelines(" ".join(sp.encode(pair[i], out_type=str)) + "\n" for pair in pairs)
-    subprocess.run([str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
-                    "--trainpref", str(text / "train"), "--validpref", str(text / "valid"),
-                    "--destdir", str(bin_dir), "--joined-dictionary", "--workers", "2"],
-                   check=True, capture_output=True)  # fmt: skip
+    """First --pairs training and --valid-pairs validation pairs, joint sentencepiece,
+    fairseq-preprocess (scripts/binarize.py; skipped when done)."""
+    bin_dir, data = out / "bin", Path(args.data)
+    log(f"data: {args.pairs} train / {args.valid_pairs} valid pairs from {args.data} -> {bin_dir}")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "binarize.py"), "--source-lang", "en", "--target-lang", "de",
+                    "--trainpref", str(data / "train"), "--validpref", str(data / "val"),
+                    "--max-lines", f"train={args.pairs},valid={args.valid_pairs}", "--spm-vocab", str(args.vocab),
+                    "--spm-dir", str(out / "spm"), "--destdir", str(bin_dir)], check=True)  # fmt: skip
     return bin_dir
 
 
 def train_flags(args, bin_dir: Path, variant: str):
     enc, dec = args.layers.split("-")
     return [
-        str(bin_dir), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en", *VARIANTS[variant],
+        str(bin_dir), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en",
         "--encoder-layers", enc, "--decoder-layers", dec,
         "--encoder-embed-dim", str(args.dim), "--decoder-embed-dim", str(args.dim),
         "--encoder-ffn-embed-dim", str(args.ffn), "--decoder-ffn-embed-dim", str(args.ffn),
@@ -108,6 +79,7 @@ def train_flags(args, bin_dir: Path, variant: str):
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update), "--seed", str(args.seed),
         "--num-workers", "0", "--log-format", "json", "--log-interval", "10", "--no-save",
+        *VARIANTS[variant],  # last: a variant's flags win
     ]  # fmt: skip
 
 
@@ -117,6 +89,8 @@ def first_layer_grad_norms(flags):
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+    from fairseq_realformer.modules import admin
+
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)
@@ -125,8 +99,7 @@ def first_layer_grad_norms(flags):
     model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     batches = task.get_batch_iterator(task.dataset("train"), max_tokens=cfg.dataset.max_tokens, seed=cfg.common.seed)
     sample = next(batches.next_epoch_itr(shuffle=False))
-    if getattr(model, "admin_init_pending", False):
-        model.initialize_admin(sample["net_input"])
+    admin.initialize(model, sample["net_input"])  # fairseq-train does it at this point too
     model.train()
     loss, sample_size, _ = criterion(model, sample)
     (loss / sample_size).backward()  # fairseq-train's normalisation: per target token

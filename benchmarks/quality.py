@@ -1,8 +1,9 @@
 """Translation quality on real data: Multi30k En→De, one table of test BLEU.
 
-Post-LN, Pre-LN, ADMIN (profiled ω) and RealFormer on ADMIN (sum, mean) are trained with the same
-data, seed and budget by the Multi30k recipe (examples/multi30k/run.sh: joint sentencepiece,
-fairseq-train, average of the last epoch checkpoints, beam 5, sacreBLEU on test_2016_flickr).
+Post-LN, Pre-LN, ADMIN (profiled ω) and RealFormer on ADMIN (sum, and mean: "realformer") are
+trained with the same data, seed and budget by the Multi30k recipe (examples/multi30k/run.sh:
+joint sentencepiece, fairseq-train, average of the last epoch checkpoints, beam 5, sacreBLEU on
+test_2016_flickr). The variants are those of fairseq_realformer/variants.py.
 The data are prepared once and shared by every variant; a re-run skips finished variants.
 
     python benchmarks/quality.py --data ../shared/data/multi30k            # one GPU, ~10 min
@@ -20,27 +21,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from variants import VARIANTS, check  # noqa: E402
+import multi30k_args  # noqa: E402
+from multi30k_args import REPO, VARIANTS  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
-DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer-mean"
+DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"),
-                   help="Multi30k task-1 folder (train/val/test_2016_flickr .en.gz/.de.gz) (default: %(default)s)")
     p.add_argument("--out", help="work folder (default: runs/quality, or runs/quality-quick)")
     p.add_argument("--quick", action="store_true", help="the recipe's --tiny mode, 2+2 layers: minutes on a CPU")
     p.add_argument("--epochs", type=int, help="training epochs (default: 12; --quick: 2)")
-    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of {', '.join(VARIANTS)} "
-                   "(default: %(default)s)")  # fmt: skip
-    p.add_argument("--json", help="also write the results here")
+    multi30k_args.add(p, DEFAULT_VARIANTS)
     args = p.parse_args()
-    args.variants = check(p, args.variants)
-    if not (Path(args.data) / "train.en.gz").exists():
-        p.error(f"--data {args.data}: no train.en.gz there (expected the Multi30k layout, see its README)")
+    multi30k_args.check(p, args)
     args.out = Path(args.out or REPO / "runs" / ("quality-quick" if args.quick else "quality"))
     args.epochs = args.epochs or (2 if args.quick else 12)
     return args

@@ -1,10 +1,11 @@
 """Speed and memory of RealFormer against fairseq's own Transformer, side by side.
 
-Variants (same sizes, batches and weights' shapes):
-    fairseq          fairseq's stock ``transformer`` (Post-LN, fused SDPA self-attention in training)
-    none             our ``realformer`` model with no residual path, Post-LN (must cost nothing)
-    realformer_sum   RealFormer on ADMIN, all three paths, running sum
-    realformer_mean  RealFormer on ADMIN, all three paths, running mean (the paper's NMT setting)
+Variants (same sizes, batches and weights' shapes): ``fairseq``, fairseq's stock ``transformer``
+(Post-LN, fused SDPA self-attention in training), and those of fairseq_realformer/variants.py on
+the ``realformer`` architecture; by default
+    post-ln          our model with no residual path, Post-LN: fairseq's own modules (must cost nothing)
+    realformer-sum   RealFormer on ADMIN (profiled ω), all three paths, running sum
+    realformer       RealFormer on ADMIN (profiled ω), all three paths, running mean (the paper's)
 
 Measured for each size (6L-6L and 18L-18L, 512/2048/8) and sentence length (~30 and ~100 tokens):
 training tokens/s (forward + backward + Adam step; target tokens), peak memory of a fresh process
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import runpy
 import statistics
 import subprocess
 import sys
@@ -31,12 +33,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "fairseq_realformer"
-VARIANTS = {
-    "fairseq": ["--arch", "transformer"],
-    "none": ["--arch", "realformer", "--residual-attention-paths", "none", "--backbone", "post-ln"],
-    "realformer_sum": ["--arch", "realformer", "--residual-attention-mode", "sum"],
-    "realformer_mean": ["--arch", "realformer", "--residual-attention-mode", "mean"],
-}
+# read as a file: importing the package would import fairseq before the memory probes' baseline
+PLUGIN_VARIANTS = runpy.run_path(str(USER_DIR / "variants.py"))["VARIANTS"]
+VARIANTS = {"fairseq": ["--arch", "transformer"],
+            **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()}}  # fmt: skip
+DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
 SIZES = {"6L-6L": 6, "18L-18L": 18}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 VOCAB = 10000
@@ -54,7 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, help="interleaved repeats; medians are reported (default: 5, 3 --quick)")
     p.add_argument("--dtype", choices=DTYPES, default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of {', '.join(VARIANTS)} "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--saved-activations", choices=DTYPES, metavar="DTYPE",
                    help="also count the bytes autograd saves for backward in one training forward pass, "
                    "in DTYPE at 4096 target tokens (any device): the part of training memory the "
@@ -123,18 +125,19 @@ class Bench:
     def __init__(self, variant, layers, length, args):
         from fairseq.sequence_generator import SequenceGenerator
 
+        from fairseq_realformer.modules import admin
+
         self.dtype = DTYPES[args.dtype]
         self.device = args.device
         self.model, self.dictionary = build(variant, layers, args.device, self.dtype)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6 if self.dtype != torch.float32 else 1e-8)
         self.sample = batch(self.dictionary, max(1, args.tokens_per_batch // length), length, args.device)
+        admin.initialize(self.model, self.sample["net_input"])  # before the optimizer, as fairseq-train
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6 if self.dtype != torch.float32 else 1e-8)
         self.tokens = self.sample["target"].numel()
         self.gen_sample = batch(self.dictionary, args.gen_sentences, length, args.device, seed=1)
         self.generator = SequenceGenerator([self.model], self.dictionary, beam_size=4, max_len_a=0,
                                            max_len_b=length, min_len=length)  # fmt: skip
         self.length = length
-        if getattr(self.model, "admin_init_pending", False):
-            self.model.initialize_admin(self.sample["net_input"])
 
     def train_steps(self, steps):
         self.model.train()
@@ -232,10 +235,11 @@ def peak_memory(args, variant, size, length):
 
 def saved_for_backward_bytes(args, variant, size, length):
     """Bytes of the distinct tensors autograd keeps for backward in one training forward pass."""
+    from fairseq_realformer.modules import admin
+
     model, dictionary = build(variant, SIZES[size], args.device, DTYPES[args.saved_activations])
     sample = batch(dictionary, 4096 // length, length, args.device)
-    if getattr(model, "admin_init_pending", False):
-        model.initialize_admin(sample["net_input"])
+    admin.initialize(model, sample["net_input"])
     storages = {}
 
     def keep(t):
@@ -277,7 +281,7 @@ def report(args, runs):
                      f"{r['train_spread']:.0%} / {r['gen_spread']:.0%} |")  # fmt: skip
     lines += ["", "× fairseq: ratio of the medians. paired: median over repeats of the ratio to fairseq's run in "
               "the same repeat (the machine's slow drifts cancel). spread: (max − min) / median of the repeats. "
-              "`none` runs fairseq's own modules: its distance from 1.000 is the noise of this run."]  # fmt: skip
+              "`post-ln` runs fairseq's own modules: its distance from 1.000 is the noise of this run."]  # fmt: skip
     return "\n".join(lines)
 
 

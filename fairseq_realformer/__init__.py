@@ -1,11 +1,12 @@
 """RealFormer residual attention and ADMIN deep Transformers as a fairseq ``--user-dir`` plugin.
 
 Importing the package registers what fairseq looks up by name (the ``realformer`` model and its
-architectures), makes fairseq checkpoints load under ``torch.load(weights_only=True)``, sets
-ADMIN's ω from data at the start of fairseq-train (``training``), and fixes fairseq defects that
-would silently change results (``fairseq_fixes``).
+architectures) and installs the plugin's changes to fairseq (``fairseq_patches``: checkpoints load
+under ``torch.load(weights_only=True)``, ADMIN's ω are set from data in fairseq-train, a batching
+defect that drops sentences is fixed, flag errors are one line).
 """
-from . import checkpoints, errors, fairseq_fixes, training  # noqa: F401  (installed on import)
-from . import models  # noqa: F401  (registers the model and architectures)
+from . import fairseq_patches, models  # noqa: F401  (models registers the model and architectures)
+
+fairseq_patches.install()
 
 __version__ = "0.1.0"

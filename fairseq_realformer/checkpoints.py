@@ -3,9 +3,11 @@
 Since torch 2.6, ``torch.load`` unpickles only tensors and plain containers unless told otherwise,
 and every fairseq load (fairseq-generate, fairseq-interactive, ``--restore-file``, the hub API)
 fails on the ``argparse.Namespace`` that fairseq stores with the model. Instead of turning the
-protection off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), importing this plugin allows exactly the
-globals fairseq checkpoints contain, only while fairseq loads a checkpoint. Anything else is
-refused with a message that names the global and says how a user who trusts the file opts in.
+protection off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), the plugin allows exactly the globals
+fairseq checkpoints contain, only while a checkpoint is loaded: ``guarded`` wraps a loader
+(``fairseq_patches`` wraps fairseq's with it), ``read_checkpoint`` is the loader of our own
+scripts. Anything else is refused with a message that names the global and says how a user who
+trusts the file opts in.
 """
 import argparse
 import functools
@@ -16,7 +18,6 @@ from typing import Callable, List
 
 import numpy
 import torch
-from fairseq import checkpoint_utils
 
 from .errors import RealformerConfigError
 
@@ -90,27 +91,11 @@ def guarded(load: Callable) -> Callable:
                     raise
                 raise _refusal(path, e) from None
 
-    load_with_allowed_globals.__wrapped_by_realformer__ = True
     return load_with_allowed_globals
 
 
 @guarded
-def load_checkpoint(path, map_location="cpu"):
+def read_checkpoint(path, map_location="cpu"):
     """``torch.load`` a fairseq checkpoint file as fairseq would, safely (for our own scripts)."""
     with open(path, "rb") as f:
         return torch.load(f, map_location=map_location)
-
-
-def install() -> None:
-    """Route fairseq's checkpoint loading through the allow-list (idempotent).
-
-    fairseq's callers (generate, interactive, the trainer's restore, the hub) all look these
-    functions up on the module at call time, so replacing the module attributes covers them.
-    """
-    for name in ("load_checkpoint_to_cpu", "load_ema_from_checkpoint"):
-        load = getattr(checkpoint_utils, name)
-        if not getattr(load, "__wrapped_by_realformer__", False):
-            setattr(checkpoint_utils, name, guarded(load))
-
-
-install()

@@ -27,10 +27,6 @@ import torch
 PROG = "average_checkpoints.py"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")  # checkpoint<epoch>.pt
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")  # checkpoint_<epoch>_<update>.pt
-# Model settings that change what the same parameters compute: averaging across them is meaningless
-# even when every name and shape agrees.
-MODEL_FIELDS = ("arch", "_name", "residual_attention_paths", "residual_attention_mode", "backbone",
-                "encoder_normalize_before", "decoder_normalize_before")  # fmt: skip
 
 
 class UserError(Exception):
@@ -73,7 +69,11 @@ def input_paths(args):
 
 
 def model_settings(state):
-    """The MODEL_FIELDS of a checkpoint's model config (cfg.model, or args in old checkpoints)."""
+    """The settings of a checkpoint's model config (cfg.model, or args in old checkpoints) that
+    change what the same parameters compute (the plugin's ``MODEL_FIELDS``): averaging across
+    them is meaningless even when every name and shape agrees."""
+    from fairseq_realformer.options import MODEL_FIELDS
+
     config = (state.get("cfg") or {}).get("model") or state.get("args")
     get = config.get if isinstance(config, Mapping) else lambda name: getattr(config, name, None)
     return {name: get(name) for name in MODEL_FIELDS} if config is not None else {}
@@ -90,18 +90,18 @@ def check_same_model(path, params, settings, first_path, first_params, first_set
         if value.shape != first_params[name].shape:
             raise UserError(f"{differ}: {name} has shape {tuple(first_params[name].shape)} in the first, "
                             f"{tuple(value.shape)} in the second")  # fmt: skip
-    for name in MODEL_FIELDS:
+    for name in dict.fromkeys([*first_settings, *settings]):
         if settings.get(name) != first_settings.get(name):
             raise UserError(f"{differ}: {name} is {first_settings.get(name)!r} in the first, "
                             f"{settings.get(name)!r} in the second")  # fmt: skip
 
 
 def load(path):
-    from fairseq_realformer.checkpoints import load_checkpoint  # imports fairseq (seconds): only when needed
+    from fairseq_realformer.checkpoints import read_checkpoint  # imports fairseq (seconds): only when needed
     from fairseq_realformer.errors import RealformerConfigError
 
     try:
-        state = load_checkpoint(path)
+        state = read_checkpoint(path)
     except RealformerConfigError as e:  # not a checkpoint, or a global outside the allow-list
         raise UserError(str(e)) from None
     except (OSError, RuntimeError, EOFError) as e:

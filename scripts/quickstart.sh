@@ -50,18 +50,9 @@ if [ -e "$run/raw/test.tgt" ]; then say "2/6 corpus: $run/raw exists, skipped"; 
 fi
 
 if [ -e "$run/bin/dict.tgt.txt" ]; then say "3/6 subwords + binarize: $run/bin exists, skipped"; else
-  say "3/6 subwords: joint sentencepiece BPE, then fairseq-preprocess"
-  encode=()
-  for split in train valid test; do
-    for lang in src tgt; do encode+=(--encode "$run/raw/$split.$lang" "$run/spm/$split.$lang"); done
-  done
-  "$py" "$root/scripts/spm_encode.py" --model "$run/spm/spm" --vocab-size 800 \
-    --train "$run/raw/train.src" "$run/raw/train.tgt" "${encode[@]}"
-  rm -rf "$run/bin.tmp"
-  "$bin/fairseq-preprocess" --source-lang src --target-lang tgt --joined-dictionary --workers 2 \
-    --trainpref "$run/spm/train" --validpref "$run/spm/valid" --testpref "$run/spm/test" \
-    --destdir "$run/bin.tmp" > "$run/preprocess.log" 2>&1 || { tail "$run/preprocess.log"; exit 1; }
-  mv "$run/bin.tmp" "$run/bin"
+  say "3/6 subwords + binarize: joint sentencepiece BPE, then fairseq-preprocess (scripts/binarize.py)"
+  "$py" "$root/scripts/binarize.py" --source-lang src --target-lang tgt --trainpref "$run/raw/train" \
+    --validpref "$run/raw/valid" --testpref "$run/raw/test" --spm-vocab 800 --spm-dir "$run/spm" --destdir "$run/bin"
 fi
 
 ckpt=$run/checkpoints

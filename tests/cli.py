@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .helpers import USER_DIR
+from .helpers import REPO, USER_DIR
 
 BIN = Path(sys.executable).parent
 N_TEST = 21  # not a multiple of 8: fairseq's batching would drop sentences without our fix
@@ -30,18 +30,38 @@ TRAIN = [
 
 
 def clean_env():
-    return {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE", "REALFORMER_"))}
+    """The user's environment without torch.load overrides (checkpoints must load as shipped),
+    the environment's own tools first on PATH, and one OpenMP thread per process unless set:
+    these models are tiny, and spinning threads on cores that other tests use slow training
+    down many times over."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE", "REALFORMER_"))}
+    return {"OMP_NUM_THREADS": "1", **env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "PYTHON": sys.executable}
 
 
-def run(tool, *args, cwd, stdin=None, check=True):
-    """Run a fairseq console script with no torch.load override in the environment."""
-    result = subprocess.run(
-        [str(BIN / tool), *args], cwd=cwd, env=clean_env(), input=stdin, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
+def command(program, *args):
+    """A console script of the environment by name (fairseq-train, ...), or a .sh / .py file."""
+    program = str(program)
+    if program.endswith(".sh"):
+        return ["bash", program, *map(str, args)]
+    if program.endswith(".py"):
+        return [sys.executable, program, *map(str, args)]
+    return [str(BIN / program), *map(str, args)]
+
+
+def run(program, *args, cwd=REPO, stdin=None, check=True, timeout=900):
+    """Run *program* as a user does (see ``command``), in a clean environment; with *check*,
+    a failure raises with the end of its output."""
+    result = subprocess.run(command(program, *args), cwd=cwd, env=clean_env(), input=stdin,
+                            capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if check and result.returncode != 0:
-        raise AssertionError(f"{tool} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(f"{program} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
+
+
+def popen(program, *args, cwd):
+    """Start *program* as ``run`` does, without waiting; stderr goes into stdout."""
+    return subprocess.Popen(command(program, *args), cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
 def write_corpus(folder: Path, seed: int = 0):
@@ -58,22 +78,13 @@ def write_corpus(folder: Path, seed: int = 0):
 def preprocess(work: Path) -> None:
     """Write the toy corpus into *work* and binarise it into work/bin (joined dictionary)."""
     write_corpus(work)
-    run("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", "train",
-        "--validpref", "valid", "--testpref", "test", "--destdir", "bin", "--joined-dictionary",
-        "--workers", "1", cwd=work)  # fmt: skip
+    run(Path(REPO) / "scripts" / "binarize.py", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", "train",
+        "--validpref", "valid", "--testpref", "test", "--destdir", "bin", "--workers", "1", cwd=work)  # fmt: skip
 
 
 def train_losses(log: str):
     return [float(json.loads(line.split("| train_inner | ", 1)[1])["loss"])
             for line in log.splitlines() if "| train_inner | " in line]  # fmt: skip
-
-
-def popen(tool, *args, cwd):
-    """Start a fairseq console script (no torch.load override in the environment)."""
-    return subprocess.Popen(
-        [str(BIN / tool), *args], cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
 
 
 def free_port() -> int:

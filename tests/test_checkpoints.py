@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from fairseq_realformer.checkpoints import ALLOW_ENV, UntrustedCheckpointError, load_checkpoint
+from fairseq_realformer.checkpoints import ALLOW_ENV, UntrustedCheckpointError, read_checkpoint
 from fairseq_realformer.errors import RealformerConfigError
 
 
@@ -53,7 +53,7 @@ def test_fairseq_checkpoint_loads_without_environment_variables(tmp_path, no_tru
     state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     assert state["cfg"]["model"].arch == "realformer_wmt_en_de"
     assert state["extra_state"]["metrics"]["valid"]["_bleu_counts_0"] == 17
-    assert load_checkpoint(str(path))["extra_state"]["best"] == 1.5
+    assert read_checkpoint(str(path))["extra_state"]["best"] == 1.5
 
 
 def test_unknown_global_is_refused_with_how_to_opt_in(tmp_path, no_trust_env, monkeypatch):

@@ -33,9 +33,10 @@ def test_fixed_seed_model_gives_the_stored_outputs(config):
     encoder_out = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
     logits, extra = model.decoder(batch["prev_output_tokens"], encoder_out=encoder_out)
     want = STORED["outputs"][config]
-    torch.testing.assert_close(encoder_out["encoder_out"][0], want["encoder_out"], rtol=0, atol=1e-6)
-    torch.testing.assert_close(logits, want["logits"], rtol=0, atol=1e-6)
-    torch.testing.assert_close(extra["attn"][0], want["attn"], rtol=0, atol=1e-6)
+    # the fixtures were computed with 2 threads, the suite runs with 1: sums differ in the last bits
+    torch.testing.assert_close(encoder_out["encoder_out"][0], want["encoder_out"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, want["logits"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(extra["attn"][0], want["attn"], rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

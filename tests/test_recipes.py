@@ -1,18 +1,16 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
 import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sacrebleu
 import torch
 
-from fairseq_realformer.checkpoints import load_checkpoint
+from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
 
+from .cli import run
 from .helpers import REPO, build_model, parse_args
 
 SCRIPTS = Path(REPO) / "scripts"
@@ -28,21 +26,6 @@ def load_script(name):
 
 average_checkpoints = load_script("average_checkpoints")
 score = load_script("score")
-
-
-def clean_env():
-    """The user's environment without torch.load overrides: checkpoints must load as shipped.
-    One thread per process (unless set): these models are tiny, and spinning OpenMP threads on
-    cores that other tests use slow training down many times over."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "REALFORMER_ALLOW_GLOBALS")}
-    return {"OMP_NUM_THREADS": "1", **env}
-
-
-def run_script(*cmd, check=True):
-    result = subprocess.run([str(c) for c in cmd], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=900)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{cmd[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
 
 
 def cli_error(capsys, main, *argv):
@@ -136,7 +119,7 @@ def test_average_refuses_checkpoints_of_different_models(tmp_path, capsys, misma
 def test_average_command_line_error_is_one_line(tmp_path):
     save_checkpoint(tmp_path / "a.pt", seed=1)
     save_checkpoint(tmp_path / "b.pt", seed=2, arch="admin_iwslt_de_en")
-    result = run_script(sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs", tmp_path / "a.pt",
+    result = run(SCRIPTS / "average_checkpoints.py", "--inputs", tmp_path / "a.pt",
                         tmp_path / "b.pt", "--output", tmp_path / "avg.pt", check=False)  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("average_checkpoints.py: error: ")
@@ -264,28 +247,28 @@ def test_score_refuses_a_reference_of_another_length(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
-    run = tmp_path_factory.mktemp("quickstart")
-    result = run_script("bash", SCRIPTS / "quickstart.sh", "--ci", run)
-    return run, result.stdout, result.stderr
+    run_dir = tmp_path_factory.mktemp("quickstart")
+    result = run(SCRIPTS / "quickstart.sh", "--ci", run_dir)
+    return run_dir, result.stdout, result.stderr
 
 
 def test_quickstart_learns_to_translate(quickstart):
     """The floor, 40: a translation with every word and agreement right but the clauses left in
     source order (no subject-object-verb, no fronted phrase) scores 32.7 on this test set, an
     untrained model about 0; the --ci model scored 60.4 when this was written."""
-    run, stdout, _ = quickstart
-    scores = json.loads((run / "score" / "scores.json").read_text())
+    run_dir, stdout, _ = quickstart
+    scores = json.loads((run_dir / "score" / "scores.json").read_text())
     assert scores["sentences"] == 500
     assert scores["sacrebleu"] > 40, stdout[-3000:]
     assert scores["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
     assert re.search(r"^sacreBLEU: \d+\.\d\d \(nrefs:1", stdout, re.M)
-    assert len((run / "score" / "test.hyp.tgt").read_text().splitlines()) == 500
+    assert len((run_dir / "score" / "test.hyp.tgt").read_text().splitlines()) == 500
 
 
 def test_quickstart_averages_its_last_two_checkpoints(quickstart):
     """Real fairseq checkpoints: the averaged one is their mean, and fairseq-generate loaded it."""
-    run, _, stderr = quickstart
-    ckpt = run / "checkpoints"
+    run_dir, _, stderr = quickstart
+    ckpt = run_dir / "checkpoints"
     kept = sorted(ckpt.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     assert len(kept) == 2 and kept[1].name.endswith("_500.pt")  # --keep-interval-updates 2
     last = [load_checkpoint(p)["model"] for p in kept]
@@ -296,8 +279,8 @@ def test_quickstart_averages_its_last_two_checkpoints(quickstart):
 
 
 def test_quickstart_rerun_skips_finished_steps(quickstart):
-    run, first, _ = quickstart
-    stdout = run_script("bash", SCRIPTS / "quickstart.sh", "--ci", run).stdout
+    run_dir, first, _ = quickstart
+    stdout = run(SCRIPTS / "quickstart.sh", "--ci", run_dir).stdout
     for step in ("2/6 corpus", "3/6 subwords + binarize", "4/6 train", "5/6 average", "6/6 translate + score"):
         assert re.search(rf"\] {re.escape(step)}: .* exists, skipped", stdout), stdout
     assert "fairseq_cli.train" not in stdout
@@ -307,10 +290,44 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
 def test_multi30k_tiny_run_on_the_real_data(tmp_path):
     data_before = sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir())
-    stdout = run_script("bash", Path(REPO) / "examples" / "multi30k" / "run.sh", "--tiny", MULTI30K, tmp_path).stdout
+    stdout = run(Path(REPO) / "examples" / "multi30k" / "run.sh", "--tiny", MULTI30K, tmp_path).stdout
     assert len((tmp_path / "spm" / "train.en").read_text().splitlines()) == 300  # first 300 lines only
     assert "\u2581" in (tmp_path / "spm" / "train.de").read_text()  # sentencepiece pieces
     scores = json.loads((tmp_path / "score" / "scores.json").read_text())
     assert scores["sentences"] == 300 and scores["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
     assert re.search(r"^sacreBLEU: \d+\.\d\d", stdout, re.M)
     assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
+
+
+# --- binarize.py ----------------------------------------------------------------------------------
+
+binarize = load_script("binarize")
+
+
+def test_binarize_encodes_and_binarises_every_split_once(tmp_path, capsys):
+    """Raw .gz text in place, several test sets, the first lines only; a re-run keeps everything."""
+    import gzip
+
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    words = "a man a woman a dog runs sits in the park on the street".split()
+    for split, n in (("train", 120), ("val", 30), ("test_2016_flickr", 12), ("test_2017_flickr", 9)):
+        for lang in ("en", "de"):
+            with gzip.open(tmp_path / f"{split}.{lang}.gz", "wt") as f:
+                f.writelines(" ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)) + f" {lang}\n" for i in range(n))
+    argv = ["--source-lang", "en", "--target-lang", "de", "--trainpref", tmp_path / "train", "--validpref", tmp_path / "val",
+            "--testpref", f"{tmp_path / 'test_2016_flickr'},{tmp_path / 'test_2017_flickr'}", "--spm-vocab", "60",
+            "--spm-dir", tmp_path / "spm", "--destdir", tmp_path / "bin", "--max-lines", "train=80,valid=20"]  # fmt: skip
+    run(SCRIPTS / "binarize.py", *argv)
+    assert len((tmp_path / "spm" / "train.en").read_text().splitlines()) == 80
+    assert "\u2581" in (tmp_path / "spm" / "val.de").read_text()
+    sizes = {name: len(MMapIndexedDataset(str(tmp_path / "bin" / f"{name}.en-de.de"))) for name in ("train", "valid", "test", "test1")}
+    assert sizes == {"train": 80, "valid": 20, "test": 12, "test1": 9}  # test sets in the order given
+    assert not (tmp_path / "bin.tmp").exists()
+    binarize.main([str(a) for a in argv])  # resumable: the finished data are kept
+    assert "exists, kept" in capsys.readouterr().err
+
+    argv[argv.index("--destdir") + 1] = tmp_path / "bin2"
+    error = cli_error(capsys, binarize.main, *argv[:5], tmp_path / "nope", *argv[6:])
+    assert error == f"binarize.py: error: --trainpref {tmp_path / 'nope'}: neither {tmp_path / 'nope'}.en nor {tmp_path / 'nope'}.en.gz exists"
+    assert not (tmp_path / "bin2").exists()

@@ -2,12 +2,9 @@
 formats: plain parallel text, SGML), and train.sh's distributed path with 2 CPU processes."""
 import gzip
 import hashlib
-import os
 import random
 import re
 import shlex
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -16,10 +13,10 @@ from fairseq import options
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.models import ARCH_MODEL_REGISTRY
 
+from . import cli
 from .helpers import REPO, FakeTask, make_dictionary
 
 WMT14 = Path(REPO) / "examples" / "wmt14"
-BIN = Path(sys.executable).parent
 # Both sides share the words, so that BPE splits a sentence and its "translation" alike and only
 # the pairs made to break a cleaning rule are dropped.
 WORDS = ("house garden river city bridge street school book state-of-the-art e-mail well-known "
@@ -33,18 +30,8 @@ FR_CORPORA = ["training/europarl-v7.fr-en", "commoncrawl.fr-en", "un/undoc.2000.
               "training/news-commentary-v9.fr-en", "giga-fren.release2.fixed"]  # fmt: skip
 
 
-def env():
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable}
-
-
-def run(script, *args, check=True, cwd=None):
-    result = subprocess.run(
-        ["bash", str(WMT14 / script), *map(str, args)], env=env(), cwd=cwd,
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if check and result.returncode != 0:
-        raise AssertionError(f"{script} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
-    return result
+def run(script, *args, check=True):
+    return cli.run(WMT14 / script, *args, check=check, timeout=600)
 
 
 def sentence(rng, lang, tag):

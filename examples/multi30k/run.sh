@@ -56,18 +56,10 @@ bin=${REALFORMER_VENV:-$root/.venv}/bin
 py=$bin/python
 
 if [ -e "$run/bin/dict.$tgt.txt" ]; then say "2/5 subwords + binarize: $run/bin exists, skipped"; else
-  say "2/5 subwords: joint sentencepiece BPE ($vocab) on the raw training text, then fairseq-preprocess"
-  encode=()
-  for split in train val test_2016_flickr; do
-    for lang in $src $tgt; do encode+=(--encode "$data/$split.$lang.gz" "$run/spm/$split.$lang"); done
-  done
-  "$py" "$root/scripts/spm_encode.py" --model "$run/spm/spm" --vocab-size "$vocab" ${lines:+--max-lines "$lines"} \
-    --train "$data/train.$src.gz" "$data/train.$tgt.gz" "${encode[@]}"
-  rm -rf "$run/bin.tmp"
-  "$bin/fairseq-preprocess" --source-lang $src --target-lang $tgt --joined-dictionary --workers 2 \
-    --trainpref "$run/spm/train" --validpref "$run/spm/val" --testpref "$run/spm/test_2016_flickr" \
-    --destdir "$run/bin.tmp" > "$run/preprocess.log" 2>&1 || { tail "$run/preprocess.log"; exit 1; }
-  mv "$run/bin.tmp" "$run/bin"
+  say "2/5 subwords + binarize: joint sentencepiece BPE ($vocab) on the raw training text, then fairseq-preprocess"
+  "$py" "$root/scripts/binarize.py" --source-lang $src --target-lang $tgt --trainpref "$data/train" \
+    --validpref "$data/val" --testpref "$data/test_2016_flickr" --spm-vocab "$vocab" --spm-dir "$run/spm" \
+    ${lines:+--max-lines "$lines"} --destdir "$run/bin"
 fi
 
 ckpt=$run/checkpoints

@@ -10,7 +10,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 USER_DIR="$(cd "$HERE/../.." && pwd)/fairseq_realformer"
 PYTHON="${PYTHON:-python3}"
 
-VARIANT=realformer      # realformer | admin | post-ln | pre-ln
+VARIANT=realformer      # a name of fairseq_realformer/variants.py: realformer | admin | post-ln | pre-ln | ...
 DEPTH=6                 # N (N encoder and N decoder layers) or E-D, e.g. 60-12
 LANG_PAIR=en-de         # en-de | en-fr
 DATA=""                 # default: data-bin/wmt14_en_de or data-bin/wmt14_en_fr
@@ -38,7 +38,8 @@ usage() {
     cat <<'EOF'
 Usage: train.sh [options] [fairseq-train arguments...]
 
-  --variant V            realformer | admin | post-ln | pre-ln          (default: realformer)
+  --variant V            realformer | admin | post-ln | pre-ln | deepnorm | realformer-sum
+                         (fairseq_realformer/variants.py)               (default: realformer)
   --depth D              6 | 12 | 18 | 60-12: encoder-decoder layers    (default: 6)
   --lang L               en-de | en-fr                                  (default: en-de)
   --data DIR             binarised data        (default: data-bin/wmt14_en_de | _en_fr)
@@ -96,17 +97,10 @@ done
 
 die() { printf 'train.sh: error: %s\n' "$*" >&2; exit 2; }
 
-# --- the model: one row of Table 7 ---
-case "$VARIANT" in
-    # ADMIN's ω profiled on a training batch before the first update, as in the ADMIN paper
-    # (a pass-through --admin-init closed-form selects admin-torch's closed form instead)
-    realformer) MODEL=(--arch realformer_wmt_en_de --admin-init profile) ;;  # + residual attention, all paths, mean
-    admin) MODEL=(--arch admin_wmt_en_de --admin-init profile) ;;
-    # with no residual attention these are fairseq's transformer (Post-LN) and its Pre-LN form
-    post-ln) MODEL=(--arch realformer_wmt_en_de --backbone post-ln --residual-attention-paths none) ;;
-    pre-ln) MODEL=(--arch realformer_wmt_en_de --backbone pre-ln --residual-attention-paths none) ;;
-    *) die "--variant must be realformer, admin, post-ln or pre-ln (got '$VARIANT')" ;;
-esac
+# --- the model: one row of Table 7 (the variants' flags: fairseq_realformer/variants.py) ---
+VARIANT_FLAGS="$("$PYTHON" "$USER_DIR/variants.py" "$VARIANT" 2>&1)" || die "${VARIANT_FLAGS#*error: }"
+mapfile -t VARIANT_FLAGS <<< "$VARIANT_FLAGS"
+MODEL=(--arch realformer_wmt_en_de "${VARIANT_FLAGS[@]}")
 if [[ "$DEPTH" =~ ^([0-9]+)-([0-9]+)$ ]]; then
     ENC_LAYERS="${BASH_REMATCH[1]}"; DEC_LAYERS="${BASH_REMATCH[2]}"
 elif [[ "$DEPTH" =~ ^[0-9]+$ ]]; then

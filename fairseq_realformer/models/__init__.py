@@ -1,3 +1,3 @@
 """Registers the ``realformer`` model and its named architectures with fairseq."""
-from . import archs, realformer  # noqa: F401
-from .realformer import RealformerDecoder, RealformerEncoder, RealformerModel  # noqa: F401
+from .realformer import RealformerDecoder, RealformerEncoder, RealformerModel  # noqa: F401  (registers the model first)
+from . import archs  # noqa: F401,E402  (then its architectures)

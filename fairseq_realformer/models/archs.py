@@ -8,38 +8,36 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de,
 )
 
-from .realformer import realformer_defaults
+from ..options import set_defaults
 
 
 def _admin_baseline(args):
     """ADMIN without residual attention (the paper's main baseline)."""
-    if getattr(args, "residual_attention_paths", None) is None:
-        args.residual_attention_paths = "none"
-    realformer_defaults(args)
+    set_defaults(args, residual_attention_paths="none")
 
 
 # RealFormer on ADMIN, residual attention on all three paths, running mean.
 @register_model_architecture("realformer", "realformer_wmt_en_de")
 def realformer_wmt_en_de(args):  # 512/2048/8 heads, dropout 0.1
-    realformer_defaults(args)
+    set_defaults(args)
     transformer_wmt_en_de(args)
 
 
 @register_model_architecture("realformer", "realformer_wmt_en_fr")
 def realformer_wmt_en_fr(args):  # the paper's En-Fr models have the base size too
-    realformer_defaults(args)
+    set_defaults(args)
     transformer_wmt_en_de(args)
 
 
 @register_model_architecture("realformer", "realformer_wmt_en_de_big")
 def realformer_wmt_en_de_big(args):  # 1024/4096/16 heads, dropout 0.3
-    realformer_defaults(args)
+    set_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)
 
 
 @register_model_architecture("realformer", "realformer_iwslt_de_en")
 def realformer_iwslt_de_en(args):  # 512/1024/4 heads: small data (IWSLT, Multi30k)
-    realformer_defaults(args)
+    set_defaults(args)
     transformer_iwslt_de_en(args)
 
 

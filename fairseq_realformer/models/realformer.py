@@ -1,19 +1,17 @@
 """The ``realformer`` model: fairseq's Transformer with RealFormer residual attention on any of
 its three score paths (encoder self-attention, decoder self-attention, encoder-decoder
-attention), on a Post-LN, Pre-LN or ADMIN backbone.
+attention), on any backbone of ``options.BACKBONES``.
 
 With ``--residual-attention-paths none`` and ``--backbone post-ln`` (or ``pre-ln``) it is
 fairseq's ``transformer``: same modules, same parameter names, same outputs.
 """
-import logging
-import os
+from contextvars import ContextVar
 from typing import Dict, List, Optional
 
 import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
-    TransformerConfig,
     TransformerDecoderBase,
     TransformerEncoderBase,
     TransformerModel,
@@ -22,12 +20,14 @@ from fairseq.models.transformer import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
 
-from ..config import BACKBONES, MODES, PATHS, parse_paths
-from ..errors import RealformerConfigError
+from .. import options as plugin_options
 from ..modules import admin
 from ..modules.layers import RealformerDecoderLayer, RealformerEncoderLayer
 
-logger = logging.getLogger(__name__)
+# The options of the model being built. fairseq's build_model calls build_encoder/build_decoder
+# with a config it makes itself; the options reach them through this context, never through
+# args (which checkpoints save, and which may be a hydra DictConfig).
+_options_being_built: ContextVar[plugin_options.RealformerOptions] = ContextVar("realformer options")
 
 
 def _wrap_layer(layer, cfg):
@@ -44,8 +44,12 @@ class RealformerEncoder(TransformerEncoderBase):
     ``forward_scriptable`` is replaced to thread the scores from layer to layer.
     """
 
+    def __init__(self, cfg, dictionary, embed_tokens, options):
+        self.options = options  # read by build_encoder_layer during fairseq's __init__
+        super().__init__(cfg, dictionary, embed_tokens)
+
     def build_encoder_layer(self, cfg):
-        return _wrap_layer(RealformerEncoderLayer(cfg), cfg)
+        return _wrap_layer(RealformerEncoderLayer(cfg, self.options), cfg)
 
     def forward_scriptable(
         self,
@@ -97,8 +101,12 @@ class RealformerDecoder(TransformerDecoderBase):
     ``extract_features_scriptable`` is replaced to thread both from layer to layer.
     """
 
+    def __init__(self, cfg, dictionary, embed_tokens, options, no_encoder_attn=False):
+        self.options = options  # read by build_decoder_layer during fairseq's __init__
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap_layer(RealformerDecoderLayer(cfg, no_encoder_attn), cfg)
+        return _wrap_layer(RealformerDecoderLayer(cfg, self.options, no_encoder_attn), cfg)
 
     def extract_features_scriptable(
         self,
@@ -184,7 +192,8 @@ class RealformerDecoder(TransformerDecoderBase):
 
 @register_model("realformer")
 class RealformerModel(TransformerModel):
-    """RealFormer residual attention (He et al. 2021) on a Post-LN, Pre-LN or ADMIN Transformer.
+    """RealFormer residual attention (He et al. 2021) on a Post-LN, Pre-LN, ADMIN or DeepNorm
+    Transformer.
 
     Subclassed from fairseq's (legacy, argparse) ``transformer`` for its flags, embeddings and
     generation interface; only the encoder, decoder and their layers differ.
@@ -193,170 +202,46 @@ class RealformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        # no defaults here: the architectures set them, and command-line flags win
-        parser.add_argument(
-            "--residual-attention-paths",
-            metavar="PATHS",
-            help=f"score paths that carry residual attention: a comma list of "
-            f"{', '.join(PATHS)}; or all / none",
-        )
-        parser.add_argument(
-            "--residual-attention-mode",
-            choices=MODES,
-            help="sum: softmax over the running sum of scores S_n; mean: over S_n / n, "
-            "n = attention layers traversed (the RealFormer paper's choice for NMT)",
-        )
-        parser.add_argument(
-            "--backbone",
-            choices=BACKBONES,
-            help="post-ln: LN(x + f(x)); pre-ln: x + f(LN(x)); admin: LN(x*omega + f(x)) "
-            "with a trainable per-channel omega (Liu et al. 2020); deepnorm: LN(alpha*x + f(x)) "
-            "with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
-        )
-        parser.add_argument(
-            "--admin-init",
-            choices=admin.ADMIN_INITS,
-            help="how ADMIN's omega is initialised: closed-form: omega = sqrt((N+1)/ln(N+1) - 1), "
-            "N = residual sublayers of the stack; profile: one forward pass on a training batch "
-            "before the first update (the ADMIN paper's method; stored in the checkpoints)",
-        )
-        parser.add_argument(
-            "--admin-init-path",
-            metavar="FILE",
-            help="initialise ADMIN's omega from a Transformer-Clinic profile.ratio.init "
-            "before the first update (stored in the checkpoints; the file is not needed later)",
-        )
+        plugin_options.add_args(parser)
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
-        self._admin_pending = False
-        if args.backbone == "admin" and admin.initialized_from_data(args):
-            # 1 once ω are set from data; checkpoints carry it, so a resumed run never re-profiles
-            self.register_buffer("admin_initialized", torch.zeros(()))
-            self._admin_pending = True
-            self.register_load_state_dict_post_hook(_refresh_admin_pending)
+        self.options = encoder.options
+        admin.attach(self, self.options)
 
     @classmethod
     def build_model(cls, args, task):
-        realformer_base_architecture(args)  # fill in what older checkpoints may lack
-        check_args(args)
-        return super().build_model(args, task)
+        realformer_base_architecture(args)  # what older checkpoints lack gets today's defaults
+        options = plugin_options.RealformerOptions.from_args(args)
+        token = _options_being_built.set(options)
+        try:
+            return super().build_model(args, task)
+        finally:
+            _options_being_built.reset(token)
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
-        if self._admin_pending and self.training:
-            raise RealformerConfigError(
-                "ADMIN's omega is not initialised yet (--admin-init profile / --admin-init-path): "
-                "fairseq-train does it before the first update; in your own training loop call "
-                "model.initialize_admin(sample['net_input']) before building the optimizer"
-            )
-        return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        options = _options_being_built.get()
+        cfg.encoder.normalize_before = options.normalize_before  # fairseq's layers read it
+        return RealformerEncoder(cfg, src_dict, embed_tokens, options)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        options = _options_being_built.get()
+        cfg.decoder.normalize_before = options.normalize_before
+        return RealformerDecoder(cfg, tgt_dict, embed_tokens, options, no_encoder_attn=cfg.no_cross_attention)
 
     @property
     def admin_init_pending(self) -> bool:
-        """ω still have to be set from data (--admin-init profile / --admin-init-path)."""
-        return self._admin_pending
+        """ADMIN's ω still have to be set from data (--admin-init profile / --admin-init-path)."""
+        return admin.pending(self)
 
-    @torch.no_grad()
     def initialize_admin(self, net_input: Optional[Dict[str, Tensor]] = None) -> None:
-        """Set ADMIN's ω from data, once: from ``--admin-init-path``, or by one profiling pass on
-        *net_input* (a training batch). In a distributed run every process must call it; they
-        all end with the same ω. Build the optimizer afterwards: optimizers that keep their own
-        copy of the parameters (fairseq's --fp16) would otherwise overwrite the new ω."""
-        if not self._admin_pending:
-            return
-        stacks = (self.encoder.layers, self.decoder.layers)
-        if self.args.admin_init_path:
-            encoder_omegas, decoder_omegas = admin.load_clinic_profile(self.args.admin_init_path, *stacks)
-            source = f"from {self.args.admin_init_path}"
-        else:
-            if net_input is None:
-                raise ValueError("--admin-init profile needs a training batch (net_input)")
-            src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
-            prev_output_tokens = net_input["prev_output_tokens"]
-            pad = self.encoder.padding_idx
-            encoder_omegas, decoder_omegas = admin.profile(
-                self,
-                # fairseq's forward: ours refuses to train while ω are pending
-                lambda: super(RealformerModel, self).forward(src_tokens, src_lengths, prev_output_tokens),
-                stacks,
-                keeps=(src_tokens.ne(pad).t(), prev_output_tokens.ne(pad).t()),
-            )
-            source = "by profiling one training batch per process"
-        self.admin_initialized.fill_(1)
-        self._admin_pending = False
-        logger.info(
-            f"ADMIN omega initialised {source}: encoder {encoder_omegas[0]:.3f} .. {encoder_omegas[-1]:.3f}, "
-            f"decoder {decoder_omegas[0]:.3f} .. {decoder_omegas[-1]:.3f}"
-        )
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return RealformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return RealformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-
-
-def _refresh_admin_pending(model, incompatible_keys) -> None:
-    model._admin_pending = not bool(model.admin_initialized)
-
-
-def check_args(args) -> None:
-    """Refuse impossible flag combinations with a one-line message naming the flags, and derive
-    the layer-norm placement from ``--backbone``."""
-    paths = parse_paths(args.residual_attention_paths)
-    admin_init_path = args.admin_init_path
-    if args.admin_init == "profile" and admin_init_path:
-        raise RealformerConfigError("--admin-init profile and --admin-init-path exclude each other")
-    if args.backbone != "admin" and (args.admin_init == "profile" or admin_init_path):
-        raise RealformerConfigError(
-            f"--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {args.backbone}"
-        )
-    if admin_init_path and os.path.exists(admin_init_path):
-        # fail now rather than after loading the data; a missing file is only an error when
-        # training starts (generation reads ω from the checkpoint and never needs the file)
-        admin.read_clinic_profile(admin_init_path, args.encoder_layers, args.decoder_layers)
-    if args.backbone not in BACKBONES:
-        raise RealformerConfigError(f"--backbone must be one of {', '.join(BACKBONES)}")
-    if args.residual_attention_mode not in MODES:
-        raise RealformerConfigError(f"--residual-attention-mode must be one of {', '.join(MODES)}")
-    if args.backbone == "pre-ln":
-        args.encoder_normalize_before = args.decoder_normalize_before = True
-    elif args.encoder_normalize_before or args.decoder_normalize_before:
-        raise RealformerConfigError(
-            f"--encoder-normalize-before/--decoder-normalize-before contradict --backbone "
-            f"{args.backbone}; use --backbone pre-ln for a Pre-LN model"
-        )
-    if getattr(args, "cross_self_attention", False):
-        raise RealformerConfigError(
-            "--cross-self-attention is not supported by the realformer model: its decoder "
-            "self-attention also attends over encoder states, which mixes the separate score paths"
-        )
-    if "cross" in paths and getattr(args, "no_cross_attention", False):
-        raise RealformerConfigError(
-            "--residual-attention-paths includes cross, but --no-cross-attention removes it"
-        )
-    if getattr(args, "base_layers", 0):
-        raise RealformerConfigError("--base-layers is not supported by the realformer model")
-
-
-def realformer_defaults(args) -> None:
-    """The RealFormer paper's NMT setting: residual attention on all three paths, running mean,
-    on an ADMIN backbone. Flags given on the command line win."""
-    for name, default in (
-        ("residual_attention_paths", "all"),
-        ("residual_attention_mode", "mean"),
-        ("backbone", "admin"),
-        ("admin_init", "closed-form"),
-        ("admin_init_path", None),
-    ):
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
+        """Set ADMIN's ω from data before building the optimizer (see ``admin.initialize``)."""
+        admin.initialize(self, net_input)
 
 
 @register_model_architecture("realformer", "realformer")
 def realformer_base_architecture(args):
-    realformer_defaults(args)
+    plugin_options.set_defaults(args)
     base_architecture(args)

@@ -1,13 +1,13 @@
-"""ADMIN initialisation of ω (Liu et al. 2020, "Understanding the Difficulty of Training
-Transformers"): each sublayer computes ``LN(x·ω + f(x))`` with a trainable per-channel ω, set at
-initialisation so that no sublayer's output is dominated by its residual branch.
+"""ADMIN (Liu et al. 2020, "Understanding the Difficulty of Training Transformers"): each
+sublayer computes ``LN(x·ω + f(x))`` with a trainable per-channel ω, set at initialisation so that
+no sublayer's output is dominated by its residual branch. Everything about setting ω lives here.
 
 Three ways to set the initial ω (``--admin-init``):
 
 ``closed-form`` (admin-torch): the same ω for every sublayer of a stack,
     ``ω = sqrt((N + 1) / ln(N + 1) − 1)``, N = residual sublayers in that stack
     (2 per encoder layer: self-attention, FFN; 3 per decoder layer: self-attention,
-    cross-attention, FFN). E.g. N = 12 → 2.017, N = 36 → 3.041.
+    cross-attention, FFN). E.g. N = 12 → 2.017, N = 36 → 3.041. Set at construction.
 
 ``profile`` (the paper's method): one forward pass on a real training batch, dropout on, runs
     the sublayers in order with a running ratio that starts at 1.0, separately for encoder and
@@ -20,16 +20,23 @@ Three ways to set the initial ω (``--admin-init``):
 
 ``--admin-init-path FILE``: ω from a Transformer-Clinic ``profile.ratio.init`` (lines
     ``index ratio``: encoder sublayers 1..2N, then decoder sublayers 1..3M).
+
+The last two set ω from data: the model is built with ω = 1 and a pending state (``attach``), and
+``initialize`` — the one call fairseq-train (through ``fairseq_patches``), the benchmarks and a
+user's own training loop make before building the optimizer — sets them once. Optimizers that
+keep their own copy of the parameters (fairseq's --fp16) would otherwise overwrite the new ω.
 """
+import logging
 import math
-from typing import Callable, List, Optional, Sequence, Tuple
+import os
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
 
-ADMIN_INITS = ("closed-form", "profile")
+logger = logging.getLogger(__name__)
 
 ENCODER_SUBLAYERS_PER_LAYER = 2
 DECODER_SUBLAYERS_PER_LAYER = 3
@@ -43,19 +50,80 @@ def closed_form_omega(num_sublayers: int) -> float:
     return math.sqrt(n / math.log(n) - 1)
 
 
-def initialized_from_data(cfg) -> bool:
-    """ω are set from data (a profiling pass or a Clinic file) at the start of training."""
-    return getattr(cfg, "admin_init", None) == "profile" or bool(getattr(cfg, "admin_init_path", None))
-
-
-def initial_omega(cfg, side: str) -> float:
-    """The ω every sublayer on *side* ("encoder" or "decoder") is constructed with: the closed
-    form, or 1.0 when ω will be set from data before the first update."""
-    if initialized_from_data(cfg):
+def initial_omega(options, layers: int, side: str) -> float:
+    """The ω every sublayer of a stack of *layers* layers on *side* ("encoder" or "decoder") is
+    constructed with: the closed form, or 1.0 when ω will be set from data before training."""
+    if options.admin_from_data:
         return 1.0
-    layers = {"encoder": cfg.encoder.layers, "decoder": cfg.decoder.layers}[side]
     per_layer = {"encoder": ENCODER_SUBLAYERS_PER_LAYER, "decoder": DECODER_SUBLAYERS_PER_LAYER}[side]
     return closed_form_omega(per_layer * layers)
+
+
+# --- ω set from data: the pending state and the one call that sets them --------------------------
+
+
+def attach(model: nn.Module, options) -> None:
+    """Give *model* (an encoder-decoder whose ``options`` are *options*) ADMIN's start-up state when its ω are to be set from data: a buffer ``admin_initialized``,
+    0 until ``initialize`` ran and carried by every checkpoint (a resumed run never re-profiles),
+    and a guard that refuses to train before. Nothing for the closed form or other backbones."""
+    if not options.admin_from_data:
+        return
+    if options.admin_init_path and os.path.exists(options.admin_init_path):
+        # fail at construction rather than after the data are loaded; a missing file is an error
+        # only when training starts (generation reads ω from the checkpoint, never the file)
+        read_clinic_profile(options.admin_init_path, *map(len, _stacks(model)))
+    model.register_buffer("admin_initialized", torch.zeros(()))
+    model._admin_pending = True
+    model.register_load_state_dict_post_hook(_refresh_pending)
+    model.register_forward_pre_hook(_refuse_to_train_while_pending)
+
+
+def pending(model: nn.Module) -> bool:
+    """ω still have to be set from data (any other model: False)."""
+    return getattr(model, "_admin_pending", False)
+
+
+@torch.no_grad()
+def initialize(model: nn.Module, net_input: Optional[Dict[str, Tensor]] = None) -> None:
+    """Set ADMIN's ω from data, once: from ``--admin-init-path``, or by one profiling pass on
+    *net_input* (a training batch: src_tokens, src_lengths, prev_output_tokens). A no-op when
+    nothing is pending (other backbones, the closed form, a loaded checkpoint, a second call).
+    In a distributed run every process must call it; they all end with the same ω. Call it
+    before building the optimizer."""
+    if not pending(model):
+        return
+    clinic_file = model.options.admin_init_path
+    if clinic_file:
+        encoder_omegas, decoder_omegas = load_clinic_profile(clinic_file, *_stacks(model))
+        source = f"from {clinic_file}"
+    else:
+        if net_input is None:
+            raise ValueError("--admin-init profile needs a training batch (net_input)")
+        encoder_omegas, decoder_omegas = profile(model, net_input)
+        source = "by profiling one training batch per process"
+    model.admin_initialized.fill_(1)
+    model._admin_pending = False
+    logger.info(
+        f"ADMIN omega initialised {source}: encoder {encoder_omegas[0]:.3f} .. {encoder_omegas[-1]:.3f}, "
+        f"decoder {decoder_omegas[0]:.3f} .. {decoder_omegas[-1]:.3f}"
+    )
+
+
+def _refresh_pending(model: nn.Module, incompatible_keys) -> None:
+    model._admin_pending = not bool(model.admin_initialized)
+
+
+def _refuse_to_train_while_pending(model: nn.Module, args) -> None:
+    if model._admin_pending and model.training:
+        raise RealformerConfigError(
+            "ADMIN's omega is not initialised yet (--admin-init profile / --admin-init-path): "
+            "fairseq-train does it before the first update; in your own training loop call "
+            "model.initialize_admin(sample['net_input']) before building the optimizer"
+        )
+
+
+def _stacks(model: nn.Module) -> Tuple[nn.ModuleList, nn.ModuleList]:
+    return model.encoder.layers, model.decoder.layers
 
 
 class AdminProfiler:
@@ -88,12 +156,15 @@ class AdminProfiler:
 
 
 @torch.no_grad()
-def profile(model: nn.Module, forward: Callable[[], object], stacks: Sequence[nn.ModuleList],
-            keeps: Sequence[Optional[Tensor]]) -> List[List[float]]:  # fmt: skip
-    """Set every sublayer's ω of *stacks* by one profiling pass: *forward* runs *model* once on a
-    training batch, with dropout on (as ADMIN profiles) and LayerDrop off (every sublayer needs
-    its ω); stack i's statistics are taken over the elements *keeps[i]* selects and summed over
-    processes. Returns the ω set, per stack, in sublayer order."""
+def profile(model: nn.Module, net_input: Dict[str, Tensor]) -> List[List[float]]:
+    """Set every sublayer's ω by one profiling pass of *model* on the training batch *net_input*,
+    with dropout on (as ADMIN profiles) and LayerDrop off (every sublayer needs its ω); each
+    stack's statistics are taken over its real tokens and summed over processes. Returns the ω
+    set, per stack (encoder, decoder), in sublayer order."""
+    src_tokens, prev_output_tokens = net_input["src_tokens"], net_input["prev_output_tokens"]
+    pad = model.encoder.padding_idx
+    keeps = (src_tokens.ne(pad).t(), prev_output_tokens.ne(pad).t())  # T x B, as the layers see x
+    stacks = _stacks(model)
     profilers = [AdminProfiler(keep, distributed_sum) for keep in keeps]
     layerdrop = [getattr(stack, "p", None) for stack in stacks]
     was_training = model.training
@@ -104,7 +175,8 @@ def profile(model: nn.Module, forward: Callable[[], object], stacks: Sequence[nn
                 stack.p = 0.0
             for layer in _all_layers(stack):
                 layer.admin_profiler = profiler
-        forward()
+        # forward(), not __call__: the guard against training while pending is a pre-hook
+        model.forward(src_tokens, net_input["src_lengths"], prev_output_tokens)
     finally:
         model.train(was_training)
         for stack, p in zip(stacks, layerdrop):

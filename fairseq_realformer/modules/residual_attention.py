@@ -56,6 +56,17 @@ def _softmax(logits: Tensor, dtype: torch.dtype) -> Tensor:
     return _SoftmaxSavedInHalf.apply(logits, dtype)
 
 
+def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tensor:
+    """``bmm`` for beamable cross-attention, where the encoder side is kept once per sentence,
+    not once per hypothesis: *a* (sentences · beam · heads, rows, k) from the hypotheses, *b*
+    (sentences · heads, k, cols) from the encoder; every hypothesis uses its sentence's *b*."""
+    rows, cols = a.size(1), b.size(2)
+    # einsum folds the beam into the rows of one bmm per (sentence, head): b is never copied
+    a = a.view(kv_bsz, -1, num_heads, rows, a.size(2))
+    b = b.view(kv_bsz, num_heads, b.size(1), cols)
+    return torch.einsum("bxhtk,bhkn->bxhtn", a, b).reshape(-1, rows, cols)
+
+
 class ResidualMultiheadAttention(MultiheadAttention):
     """fairseq's ``MultiheadAttention`` that takes and returns the carried scores.
 
@@ -150,11 +161,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         # S_n = Q Kᵀ/√d + S_{n-1}; baddbmm adds the carried scores inside the GEMM.
         beamable = self.encoder_decoder_attention and bsz != kv_bsz
         if beamable:
-            scores = torch.einsum(
-                "bxhtd,bhsd->bxhts",
-                q.view(kv_bsz, -1, num_heads, tgt_len, head_dim),
-                k.view(kv_bsz, num_heads, src_len, head_dim),
-            ).reshape(bsz * num_heads, tgt_len, src_len)
+            scores = _per_sentence_bmm(q, k.transpose(1, 2), kv_bsz, num_heads)
             if prev_scores is not None:
                 scores = prev_scores + scores
         elif prev_scores is None:
@@ -187,11 +194,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         attn_probs = self.dropout_module(probs)
 
         if beamable:
-            attn = torch.einsum(
-                "bxhts,bhsd->bxhtd",
-                attn_probs.view(kv_bsz, -1, num_heads, tgt_len, src_len),
-                v.view(kv_bsz, num_heads, src_len, head_dim),
-            ).reshape(bsz * num_heads, tgt_len, head_dim)
+            attn = _per_sentence_bmm(attn_probs, v, kv_bsz, num_heads)
         else:
             attn = torch.bmm(attn_probs, v)
         attn = attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim)

@@ -1,0 +1,25 @@
+"""The arguments the Multi30k benchmarks share: the data folder, the variants, a JSON file."""
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the plugin of this checkout, also when it is not installed
+from fairseq_realformer.variants import VARIANTS, parse  # noqa: E402
+
+
+def add(parser, default_variants: str) -> None:
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"),
+                        help="Multi30k task-1 folder (train/val/test_* .LANG.gz) (default: %(default)s)")
+    parser.add_argument("--variants", default=default_variants,
+                        help=f"comma list of {', '.join(VARIANTS)} (fairseq_realformer/variants.py; default: %(default)s)")
+    parser.add_argument("--json", help="also write the results here")  # fmt: skip
+
+
+def check(parser, args) -> None:
+    """Turn --variants into a list; a one-line parser error for an unknown variant or data folder."""
+    try:
+        args.variants = parse(args.variants)
+    except ValueError as e:
+        parser.error(str(e))
+    if not (Path(args.data) / "train.en.gz").exists():
+        parser.error(f"--data {args.data}: no train.en.gz there (expected the Multi30k layout, see its README)")

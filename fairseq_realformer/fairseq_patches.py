@@ -1,0 +1,150 @@
+"""Every change the plugin makes inside fairseq, installed once when the plugin is imported
+(``install``, called by the package's ``__init__``).
+
+Each patch replaces one attribute that fairseq's own callers look up at call time, wrapping the
+original. ``_patch`` installs it once (one marker) and first checks that the callers it names
+still look the attribute up there: if a fairseq release calls it another way, importing the
+plugin fails with a message saying which patch no longer applies, instead of the patch silently
+doing nothing.
+
+=====================  ================================  =====================================
+patch                  replaces                          for
+=====================  ================================  =====================================
+keep the last batch    data_utils.batch_by_size          fairseq #5036: generate/validate
+                                                         drop sentences
+checkpoint allow-list  checkpoint_utils                  torch.load(weights_only=True) of
+                       .load_checkpoint_to_cpu,          fairseq checkpoints, protection on
+                       .load_ema_from_checkpoint
+ADMIN's ω from data    checkpoint_utils.load_checkpoint  --admin-init profile/--admin-init-path
+                                                         before the optimizer exists
+one-line errors        sys.excepthook                    RealformerConfigError as one line
+=====================  ================================  =====================================
+"""
+import functools
+import os
+import sys
+from types import FunctionType, ModuleType
+from typing import Callable, Sequence
+
+import numpy as np
+from fairseq import checkpoint_utils
+from fairseq.data import data_utils
+from fairseq.data.fairseq_dataset import FairseqDataset
+
+from . import checkpoints
+from .errors import RealformerConfigError
+from .modules import admin
+
+MARKER = "__patched_by_realformer__"
+
+
+def install() -> None:
+    """Install every patch (idempotent: a second import of the plugin changes nothing)."""
+    import fairseq.trainer  # the call sites' modules (cheap once fairseq is imported)
+    import fairseq_cli.train
+    from fairseq.models.ema import EMA
+
+    _patch(data_utils, "batch_by_size", _keep_last_batch, call_sites=[FairseqDataset.batch_by_size])
+    # fairseq-generate, -interactive and the hub load through load_model_ensemble_and_task
+    _patch(checkpoint_utils, "load_checkpoint_to_cpu", checkpoints.guarded,
+           call_sites=[fairseq.trainer.Trainer.load_checkpoint, checkpoint_utils.load_model_ensemble_and_task])  # fmt: skip
+    _patch(checkpoint_utils, "load_ema_from_checkpoint", checkpoints.guarded, call_sites=[EMA.__init__])
+    _patch(checkpoint_utils, "load_checkpoint", _initialize_admin_after_loading, call_sites=[fairseq_cli.train.main])
+    _patch(sys, "excepthook", _one_line_errors, call_sites=[])
+
+
+def _patch(owner: ModuleType, name: str, wrap: Callable[[Callable], Callable], call_sites: Sequence[FunctionType]):
+    """Replace ``owner.name`` by ``wrap(owner.name)``, once. Each function of *call_sites* must
+    look ``name`` up on *owner* when it runs (``owner_alias.name(...)``, or ``name(...)`` inside
+    *owner* itself), or the replacement would never be called there: that raises ImportError."""
+    original = getattr(owner, name, None)
+    if original is None:
+        raise ImportError(f"fairseq_realformer: {owner.__name__}.{name} no longer exists in this fairseq; "
+                          f"the plugin's patch of it cannot be installed")  # fmt: skip
+    for site in call_sites:
+        site = getattr(site, "__wrapped__", site)
+        looked_up_on_owner = site.__globals__ is vars(owner) or any(v is owner for v in site.__globals__.values())
+        if not (looked_up_on_owner and name in site.__code__.co_names):
+            raise ImportError(f"fairseq_realformer: {site.__module__}.{site.__qualname__} no longer calls "
+                              f"{owner.__name__}.{name}; the plugin's patch of it would never run there")  # fmt: skip
+    if getattr(original, MARKER, False):
+        return
+    replacement = wrap(original)
+    setattr(replacement, MARKER, True)
+    setattr(owner, name, replacement)
+
+
+def _keep_last_batch(batch_by_size):
+    """fairseq's ``batch_by_size`` drops the last batch when its size is not a multiple of
+    ``--required-batch-size-multiple`` (default 8): fairseq-generate then translates and scores
+    only part of a test set (e.g. 1000 of 1003 sentences), and validation skips sentences too
+    (fairseq issues #5036, #5351; still in fairseq main). We keep that batch: its size already
+    respects --max-tokens/--batch-size, it is only not a multiple of 8.
+
+    Call site: ``FairseqDataset.batch_by_size`` (every dataset's batching) calls
+    ``data_utils.batch_by_size``. If fairseq's batches stop being an in-order split of the
+    indices, nothing is appended (the original's batches are returned as they are)."""
+
+    @functools.wraps(batch_by_size)
+    def batch_by_size_keeping_every_index(indices, *args, **kwargs):
+        if not isinstance(indices, np.ndarray):
+            indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        batches = batch_by_size(indices, *args, **kwargs)
+        covered = sum(len(b) for b in batches)
+        # fairseq's batches split `indices` in order; what it dropped is the tail
+        if covered < len(indices) and (covered == 0 or np.array_equal(np.concatenate(batches), indices[:covered])):
+            batches = list(batches) + [indices[covered:]]
+        return batches
+
+    return batch_by_size_keeping_every_index
+
+
+def _initialize_admin_after_loading(load_checkpoint):
+    """Set ADMIN's ω from data (``--admin-init profile`` / ``--admin-init-path``) in
+    fairseq-train right after it has loaded the checkpoint and the training data and before it
+    builds the optimizer, so that every optimizer (also --fp16's float32 master copy of the
+    parameters) starts from the initialised ω. A resumed run loads ω from its checkpoint, and
+    nothing is pending.
+
+    Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.load_checkpoint(cfg.checkpoint,
+    trainer, ...)`` and gets ``(extra_state, epoch_itr)``. If fairseq stopped calling it there,
+    the model's guard refuses the first training step with a message (never trains on unset ω)."""
+
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_then_initialize_admin(cfg, trainer, **kwargs):
+        extra_state, epoch_itr = load_checkpoint(cfg, trainer, **kwargs)
+        model = trainer.get_model()
+        if admin.pending(model):
+            admin.initialize(model, _first_batch_of_this_rank(trainer, epoch_itr)["net_input"])
+        return extra_state, epoch_itr
+
+    return load_checkpoint_then_initialize_admin
+
+
+def _first_batch_of_this_rank(trainer, epoch_itr):
+    """A real training batch: this process's first batch of the epoch (one per rank, so that
+    the ranks' statistics together cover different sentences)."""
+    batches = getattr(epoch_itr, "frozen_batches", None)
+    if batches and hasattr(epoch_itr, "collate_fn"):
+        indices = batches[trainer.data_parallel_rank % len(batches)]
+        sample = epoch_itr.collate_fn([epoch_itr.dataset[i] for i in indices])
+    else:
+        sample = epoch_itr.first_batch
+    sample, _ = trainer._prepare_sample(sample)  # to the training device and dtype
+    return sample
+
+
+def _one_line_errors(previous_hook):
+    """fairseq's CLIs let exceptions from model construction escape as deep tracebacks; for
+    mistakes the user fixes by changing a flag or a file (``RealformerConfigError``), the
+    message is all that helps: ``fairseq-train: error: ...``. Every other exception goes to the
+    previous hook unchanged."""
+
+    def print_config_errors_as_one_line(exc_type, exc, tb):
+        if issubclass(exc_type, RealformerConfigError):
+            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return
+        previous_hook(exc_type, exc, tb)
+
+    return print_config_errors_as_one_line

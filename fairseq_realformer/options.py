@@ -1,0 +1,167 @@
+"""Every option of the plugin, in one place: its flag, choices, default and help; how it is
+validated against fairseq's own flags; and what is derived from it.
+
+``RealformerModel.build_model`` parses the flags once into a frozen ``RealformerOptions``, which
+the layers, the attention modules and ADMIN read. Named architectures set their defaults through
+``set_defaults``; ``add_args`` is generated from ``FLAGS``; ``scripts/average_checkpoints.py``
+compares checkpoints on ``MODEL_FIELDS``. A new backbone is a row of ``BACKBONES`` here and its
+residual wiring in ``modules/layers.py``.
+"""
+import argparse
+from dataclasses import dataclass
+from typing import FrozenSet, Optional
+
+from .errors import RealformerConfigError
+
+# The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
+PATHS = ("encoder", "decoder", "cross")
+MODES = ("sum", "mean")
+# Each backbone, as one residual sublayer f (self-attention, cross-attention or FFN) uses it.
+BACKBONES = {
+    "post-ln": "LN(x + f(x))",
+    "pre-ln": "x + f(LN(x))",
+    "admin": "LN(x*omega + f(x)), omega a trainable per-channel vector (Liu et al. 2020)",
+    "deepnorm": "LN(alpha*x + f(x)) with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
+}
+ADMIN_INITS = ("closed-form", "profile")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag of the plugin. Its default is the RealFormer paper's NMT setting,
+    applied by the architectures (``set_defaults``), so that flags on the command line win."""
+
+    name: str
+    default: Optional[str]
+    help: str
+    choices: Optional[tuple] = None
+    metavar: Optional[str] = None
+    # changes what the same parameters compute: checkpoints that differ in it are different models
+    model_defining: bool = True
+
+    @property
+    def dest(self) -> str:
+        return self.name[2:].replace("-", "_")
+
+
+FLAGS = (
+    Flag("--residual-attention-paths", "all", metavar="PATHS",
+         help=f"score paths that carry residual attention: a comma list of {', '.join(PATHS)}; or all / none"),
+    Flag("--residual-attention-mode", "mean", choices=MODES,
+         help="sum: softmax over the running sum of scores S_n; mean: over S_n / n, "
+              "n = attention layers traversed (the RealFormer paper's choice for NMT)"),
+    Flag("--backbone", "admin", choices=tuple(BACKBONES),
+         help="; ".join(f"{name}: {formula}" for name, formula in BACKBONES.items())),
+    Flag("--admin-init", "closed-form", choices=ADMIN_INITS, model_defining=False,
+         help="how ADMIN's omega is initialised: closed-form: omega = sqrt((N+1)/ln(N+1) - 1), "
+              "N = residual sublayers of the stack; profile: one forward pass on a training batch "
+              "before the first update (the ADMIN paper's method; stored in the checkpoints)"),
+    Flag("--admin-init-path", None, metavar="FILE", model_defining=False,
+         help="initialise ADMIN's omega from a Transformer-Clinic profile.ratio.init before the "
+              "first update (stored in the checkpoints; the file is not needed later)"),
+)  # fmt: skip
+
+# Model settings that change what the same parameters compute: fairseq's, then the plugin's.
+MODEL_FIELDS = ("arch", "_name", "encoder_normalize_before", "decoder_normalize_before",
+                *(flag.dest for flag in FLAGS if flag.model_defining))  # fmt: skip
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The plugin's flags, without defaults: the architectures set them (``set_defaults``)."""
+    for flag in FLAGS:
+        parser.add_argument(flag.name, choices=flag.choices, metavar=flag.metavar, help=flag.help)
+
+
+def set_defaults(args, **overrides) -> None:
+    """Fill in every plugin option *args* lacks (None): *overrides* (an architecture's own
+    values, by dest), else the paper's NMT setting. Flags given on the command line win."""
+    unknown = set(overrides) - {flag.dest for flag in FLAGS}
+    if unknown:
+        raise TypeError(f"not plugin options: {', '.join(sorted(unknown))}")
+    for flag in FLAGS:
+        if getattr(args, flag.dest, None) is None:
+            setattr(args, flag.dest, overrides.get(flag.dest, flag.default))
+
+
+def parse_paths(spec: str) -> FrozenSet[str]:
+    """``--residual-attention-paths``: a comma list of encoder, decoder, cross; or all / none."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if names == ["all"]:
+        return frozenset(PATHS)
+    if names in ([], ["none"]):
+        return frozenset()
+    unknown = [n for n in names if n not in PATHS]
+    if unknown:
+        raise RealformerConfigError(
+            f"--residual-attention-paths: unknown path {', '.join(map(repr, unknown))}; "
+            f"give a comma list of {', '.join(PATHS)}, or all, or none"
+        )
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class RealformerOptions:
+    """The plugin's options of one model, validated, with what is derived from them."""
+
+    paths: FrozenSet[str]  # score paths that carry residual attention
+    running_mean: bool  # softmax over S_n / n instead of S_n
+    backbone: str
+    admin_init: str
+    admin_init_path: Optional[str]
+
+    @property
+    def normalize_before(self) -> bool:
+        """LayerNorm before each sublayer (and after each stack) instead of after the sum."""
+        return self.backbone == "pre-ln"
+
+    @property
+    def admin_from_data(self) -> bool:
+        """ADMIN's ω are set from data (a profiling pass or a Clinic file) before training."""
+        return self.backbone == "admin" and (self.admin_init == "profile" or bool(self.admin_init_path))
+
+    @classmethod
+    def from_args(cls, args) -> "RealformerOptions":
+        """Parse and check the model's flags (fairseq's *args*, after the architecture set the
+        defaults). Impossible combinations raise a one-line error naming the flags."""
+        missing = [flag.name for flag in FLAGS if not hasattr(args, flag.dest)]
+        if missing:
+            raise RealformerConfigError(f"{', '.join(missing)} not set: build the model through its architecture")
+        if args.residual_attention_mode not in MODES:
+            raise RealformerConfigError(f"--residual-attention-mode must be one of {', '.join(MODES)}")
+        if args.backbone not in BACKBONES:
+            raise RealformerConfigError(f"--backbone must be one of {', '.join(BACKBONES)}")
+        if args.admin_init not in ADMIN_INITS:
+            raise RealformerConfigError(f"--admin-init must be one of {', '.join(ADMIN_INITS)}")
+        options = cls(
+            paths=parse_paths(args.residual_attention_paths),
+            running_mean=args.residual_attention_mode == "mean",
+            backbone=args.backbone,
+            admin_init=args.admin_init,
+            admin_init_path=args.admin_init_path or None,
+        )
+        options._check_against(args)
+        return options
+
+    def _check_against(self, args) -> None:
+        if self.admin_init == "profile" and self.admin_init_path:
+            raise RealformerConfigError("--admin-init profile and --admin-init-path exclude each other")
+        if self.backbone != "admin" and (self.admin_init == "profile" or self.admin_init_path):
+            raise RealformerConfigError(
+                f"--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {self.backbone}"
+            )
+        # fairseq's flag for Pre-LN agrees with --backbone pre-ln; with any other it contradicts it
+        if not self.normalize_before and (args.encoder_normalize_before or args.decoder_normalize_before):
+            raise RealformerConfigError(
+                f"--encoder-normalize-before/--decoder-normalize-before contradict --backbone "
+                f"{self.backbone}; use --backbone pre-ln for a Pre-LN model"
+            )
+        if getattr(args, "cross_self_attention", False):
+            raise RealformerConfigError(
+                "--cross-self-attention is not supported by the realformer model: its decoder "
+                "self-attention also attends over encoder states, which mixes the separate score paths"
+            )
+        if "cross" in self.paths and getattr(args, "no_cross_attention", False):
+            raise RealformerConfigError("--residual-attention-paths includes cross, but --no-cross-attention removes it")
+        if getattr(args, "base_layers", 0):
+            raise RealformerConfigError("--base-layers is not supported by the realformer model")
+

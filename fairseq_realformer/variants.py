@@ -1,0 +1,51 @@
+"""The named model variants that the paper's table, the benchmarks and the WMT'14 recipe compare,
+as plugin flags on top of any ``realformer`` architecture (which sets the size).
+
+"realformer" is the RealFormer paper's NMT model: residual attention on all three paths, running
+mean, on ADMIN with ω profiled on a training batch (the ADMIN paper's initialisation, which the
+RealFormer paper built on). Every ADMIN variant here profiles ω, so the rows differ only in what
+their names say.
+
+Shell scripts read a variant's flags, one per line, without importing fairseq:
+
+    python fairseq_realformer/variants.py realformer
+"""
+import sys
+
+_NO_RESIDUAL_ATTENTION = ("--residual-attention-paths", "none")
+_ADMIN_PROFILED = ("--backbone", "admin", "--admin-init", "profile")
+
+VARIANTS = {
+    "post-ln": (*_NO_RESIDUAL_ATTENTION, "--backbone", "post-ln"),  # = fairseq's transformer
+    "pre-ln": (*_NO_RESIDUAL_ATTENTION, "--backbone", "pre-ln"),
+    "admin": (*_NO_RESIDUAL_ATTENTION, *_ADMIN_PROFILED),
+    "deepnorm": (*_NO_RESIDUAL_ATTENTION, "--backbone", "deepnorm"),
+    "realformer": ("--residual-attention-paths", "all", "--residual-attention-mode", "mean", *_ADMIN_PROFILED),
+    "realformer-sum": ("--residual-attention-paths", "all", "--residual-attention-mode", "sum", *_ADMIN_PROFILED),
+}
+
+
+def parse(names: str, flag: str = "--variants"):
+    """The comma list *names* as a list of variant names; ValueError naming the unknown ones."""
+    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown or not chosen:
+        raise ValueError(f"{flag}: unknown {', '.join(unknown) or 'nothing given'}; choose from {', '.join(VARIANTS)}")
+    return chosen
+
+
+def main(argv) -> int:
+    if len(argv) != 1:
+        print(f"usage: variants.py NAME  (one of {', '.join(VARIANTS)})", file=sys.stderr)
+        return 2
+    try:
+        (name,) = parse(argv[0], "--variant")
+    except ValueError as e:
+        print(f"variants.py: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(VARIANTS[name]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

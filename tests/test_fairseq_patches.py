@@ -1,0 +1,55 @@
+"""The plugin's changes to fairseq: installed once, each where fairseq's callers look it up, and a
+patch whose call site fairseq changed fails loudly instead of silently doing nothing."""
+import sys
+import types
+
+import numpy as np
+import pytest
+from fairseq import checkpoint_utils
+from fairseq.data import data_utils
+from fairseq.data.fairseq_dataset import FairseqDataset
+
+from fairseq_realformer import fairseq_patches
+
+
+@pytest.mark.parametrize("n", [1, 7, 20, 21, 1003])
+@pytest.mark.parametrize("max_tokens, max_sentences", [(None, 1), (None, 8), (None, 20), (120, None), (300, 16)])
+def test_every_index_is_batched_exactly_once_in_order(n, max_tokens, max_sentences):
+    """fairseq #5036, through the call site every dataset uses: FairseqDataset.batch_by_size."""
+    lengths = np.random.default_rng(n).integers(1, 30, n)
+    indices = np.argsort(lengths, kind="mergesort")
+    dataset = FairseqDataset()
+    dataset.num_tokens = lambda i: lengths[i]
+    dataset.num_tokens_vec = lambda i: lengths[i]
+    batches = dataset.batch_by_size(indices, max_tokens=max_tokens, max_sentences=max_sentences,
+                                    required_batch_size_multiple=8)  # fmt: skip
+    assert np.array_equal(np.concatenate(batches), indices)
+    for batch in batches:
+        if max_sentences:
+            assert len(batch) <= max_sentences
+        if max_tokens:
+            assert len(batch) * lengths[batch].max() <= max_tokens
+
+
+def test_every_patch_is_installed_once():
+    patched = [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu,
+               checkpoint_utils.load_ema_from_checkpoint, checkpoint_utils.load_checkpoint, sys.excepthook]  # fmt: skip
+    assert all(getattr(f, fairseq_patches.MARKER, False) for f in patched)
+    fairseq_patches.install()  # a second import of the plugin
+    assert [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint,
+            checkpoint_utils.load_checkpoint, sys.excepthook] == patched  # fmt: skip
+    assert data_utils.batch_by_size.__wrapped__.__name__ == "batch_by_size"  # wraps fairseq's, not ours
+
+
+def test_a_call_site_that_no_longer_calls_the_patched_function_fails_loudly():
+    fairseq_module = types.ModuleType("fake_fairseq_module")
+    fairseq_module.load = lambda path: path
+    caller_globals = {"fake_fairseq_module": fairseq_module}
+    still_calls = eval("lambda path: fake_fairseq_module.load(path)", caller_globals)
+    imported_it_directly = eval("lambda path: load(path)", {"load": fairseq_module.load})
+    fairseq_patches._patch(fairseq_module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[still_calls])
+    assert still_calls("x") == "x!"
+    with pytest.raises(ImportError, match="no longer calls fake_fairseq_module.load"):
+        fairseq_patches._patch(fairseq_module, "load", lambda f: f, call_sites=[imported_it_directly])
+    with pytest.raises(ImportError, match="fake_fairseq_module.gone no longer exists"):
+        fairseq_patches._patch(fairseq_module, "gone", lambda f: f, call_sites=[])

@@ -1,0 +1,73 @@
+"""The plugin's options: one table makes the flags, the architectures' defaults and the checks;
+they are parsed once per model into one frozen object that every layer reads."""
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+from fairseq_realformer import options
+from fairseq_realformer.modules import ResidualMultiheadAttention
+from fairseq_realformer.variants import VARIANTS
+
+from .helpers import USER_DIR, FakeTask, build_model, make_dictionary, parse_args, realformer
+
+DICT = make_dictionary()
+
+
+def test_every_flag_is_on_the_command_line_and_the_architecture_sets_the_papers_defaults():
+    args = parse_args("realformer_iwslt_de_en")
+    for flag in options.FLAGS:
+        assert getattr(args, flag.dest) == flag.default, flag.name
+    assert (args.residual_attention_paths, args.residual_attention_mode, args.backbone) == ("all", "mean", "admin")
+    assert parse_args("admin_iwslt_de_en").residual_attention_paths == "none"  # the ADMIN baseline
+    given = parse_args("admin_iwslt_de_en", "--residual-attention-paths", "cross", "--backbone", "pre-ln")
+    assert (given.residual_attention_paths, given.backbone) == ("cross", "pre-ln")  # flags win
+
+
+def test_set_defaults_refuses_what_is_not_an_option():
+    with pytest.raises(TypeError, match="not plugin options: residual_paths"):
+        options.set_defaults(argparse.Namespace(), residual_paths="none")
+
+
+def test_one_frozen_options_object_per_model_read_by_every_layer():
+    model = realformer("encoder,cross", "sum", "pre-ln", dictionary=DICT)
+    opts = model.options
+    assert opts == options.RealformerOptions(frozenset({"encoder", "cross"}), False, "pre-ln", "closed-form", None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.backbone = "admin"
+    layers = [*model.encoder.layers, *model.decoder.layers]
+    assert all(layer.options is opts for layer in layers) and model.encoder.options is model.decoder.options is opts
+    assert all(layer.normalize_before for layer in layers)  # derived from --backbone pre-ln
+    assert model.encoder.layer_norm is not None and model.decoder.layer_norm is not None
+    # the backbone is stored once: fairseq's own Pre-LN flags stay as the user gave them
+    args = parse_args("realformer", "--backbone", "pre-ln")
+    ARCH_MODEL_REGISTRY["realformer"].build_model(args, FakeTask(DICT))
+    assert args.encoder_normalize_before is False and args.decoder_normalize_before is False
+
+
+def test_a_model_lacking_options_gets_todays_defaults():
+    """An older checkpoint's args without the plugin's options build the paper's model."""
+    args = parse_args("realformer")
+    for flag in options.FLAGS:
+        delattr(args, flag.dest)
+    model = ARCH_MODEL_REGISTRY["realformer"].build_model(args, FakeTask(DICT))
+    assert model.options.paths == frozenset(options.PATHS) and model.options.running_mean
+    assert isinstance(model.decoder.layers[0].encoder_attn, ResidualMultiheadAttention)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_named_variant_builds(name):
+    model = build_model("realformer_iwslt_de_en", *VARIANTS[name], dictionary=DICT)
+    assert model.options.backbone == VARIANTS[name][VARIANTS[name].index("--backbone") + 1]
+
+
+def test_variants_print_their_flags_for_shell_scripts():
+    script = f"{USER_DIR}/variants.py"
+    result = subprocess.run([sys.executable, script, "realformer"], capture_output=True, text=True)
+    assert result.stdout.splitlines() == list(VARIANTS["realformer"])
+    result = subprocess.run([sys.executable, script, "realformer-man"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"variants.py: error: --variant: unknown realformer-man; choose from {', '.join(VARIANTS)}")
