@@ -1,12 +1,13 @@
 """Depth stability: do deep, narrow models train at an aggressive learning rate?
 
-Post-LN, Pre-LN, ADMIN (profiled ω), DeepNorm and RealFormer on ADMIN (sum, mean) are trained with
-the same seed, data, budget and learning rate on a few thousand real sentence pairs (Multi30k
-En→De, read from a local folder). For each: the first layers' gradient norms at initialisation
+Every variant of fairseq_realformer/variants.py (Post-LN, Pre-LN, ADMIN with profiled ω, DeepNorm,
+ReZero, T-Fixup, each of the last three also with residual attention, RealFormer on ADMIN with sum
+and mean, ADMIN + RAdam without warm-up) is trained with the same seed, data, budget and learning
+rate on a few thousand real sentence pairs (Multi30k En→De, read from a local folder). For each: the first layers' gradient norms at initialisation
 (one batch, dropout on), and the final train and valid losses; a run diverged if fairseq stopped
 on NaN/Inf gradients or its loss ended above where it started.
 
-    python benchmarks/depth_stability.py --data ../shared/data/multi30k    # ~15 min on 2 CPU cores
+    python benchmarks/depth_stability.py --data ../shared/data/multi30k    # ~25 min on 2 CPU cores
 
 Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are kept in --out and
 a re-run skips finished variants.
@@ -65,6 +66,18 @@ def prepare(args, out: Path) -> Path:
     return bin_dir
 
 
+def variant_flags(args, variant: str):
+    """The variant's flags (fairseq_realformer/variants.py), last so that they win. A variant
+    without warm-up (``--warmup-updates 0``, which fairseq's inverse_sqrt cannot take) keeps the
+    learning rate at its peak for the --warmup updates the others warm up in, then decays like
+    theirs."""
+    flags = list(VARIANTS[variant])
+    if ("--warmup-updates", "0") in zip(flags, flags[1:]):
+        at = flags.index("--warmup-updates")
+        flags[at : at + 2] = ["--warmup-init-lr", str(args.lr)]
+    return flags
+
+
 def train_flags(args, bin_dir: Path, variant: str):
     enc, dec = args.layers.split("-")
     return [
@@ -79,7 +92,7 @@ def train_flags(args, bin_dir: Path, variant: str):
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update), "--seed", str(args.seed),
         "--num-workers", "0", "--log-format", "json", "--log-interval", "10", "--no-save",
-        *VARIANTS[variant],  # last: a variant's flags win
+        *variant_flags(args, variant),
     ]  # fmt: skip
 
 
@@ -149,8 +162,8 @@ def table(args, results):
     fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
     lines = [
         f"{args.layers} layers, d={args.dim}, FFN {args.ffn}, {args.heads} heads; {args.pairs} Multi30k pairs; "
-        f"Adam lr {args.lr} (inverse sqrt, {args.warmup} warmup), {args.max_update} updates of "
-        f"≤{args.max_tokens} tokens, seed {args.seed}",
+        f"Adam lr {args.lr} (inverse sqrt, {args.warmup} warmup; admin-radam: RAdam, no warmup: the peak lr "
+        f"from the first update), {args.max_update} updates of ≤{args.max_tokens} tokens, seed {args.seed}",
         "",
         "| variant | grad norm enc. layer 1 | grad norm dec. layer 1 | train loss start → end | valid loss | diverged |",
         "|---|---|---|---|---|---|",

@@ -5,7 +5,7 @@ architectures) and installs the plugin's changes to fairseq (``fairseq_patches``
 under ``torch.load(weights_only=True)``, ADMIN's ω are set from data in fairseq-train, a batching
 defect that drops sentences is fixed, flag errors are one line).
 """
-from . import fairseq_patches, models  # noqa: F401  (models registers the model and architectures)
+from . import fairseq_patches, models, radam  # noqa: F401  (models and radam register with fairseq)
 
 fairseq_patches.install()
 

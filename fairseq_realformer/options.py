@@ -16,13 +16,26 @@ from .errors import RealformerConfigError
 # The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
 PATHS = ("encoder", "decoder", "cross")
 MODES = ("sum", "mean")
-# Each backbone, as one residual sublayer f (self-attention, cross-attention or FFN) uses it.
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """How one residual sublayer f (self-attention, cross-attention or FFN) joins its input x."""
+
+    formula: str
+    layer_norm: Optional[str]  # "after" the sum, "before" f (and after each stack), or None: no LayerNorm at all
+
+
 BACKBONES = {
-    "post-ln": "LN(x + f(x))",
-    "pre-ln": "x + f(LN(x))",
-    "admin": "LN(x*omega + f(x)), omega a trainable per-channel vector (Liu et al. 2020)",
-    "deepnorm": "LN(alpha*x + f(x)) with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
-}
+    "post-ln": Backbone("LN(x + f(x))", "after"),
+    "pre-ln": Backbone("x + f(LN(x))", "before"),
+    "admin": Backbone("LN(x*omega + f(x)), omega a trainable per-channel vector (Liu et al. 2020)", "after"),
+    "deepnorm": Backbone("LN(alpha*x + f(x)) with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
+                         "after"),
+    "rezero": Backbone("x + alpha*f(x), alpha a trainable scalar initialised to 0, no LayerNorm (Bachlechner et al. 2020)",
+                       None),
+    "t-fixup": Backbone("x + f(x), no LayerNorm, T-Fixup's depth-scaled initialisation (Huang et al. 2020)", None),
+}  # fmt: skip
 ADMIN_INITS = ("closed-form", "profile")
 
 
@@ -51,7 +64,7 @@ FLAGS = (
          help="sum: softmax over the running sum of scores S_n; mean: over S_n / n, "
               "n = attention layers traversed (the RealFormer paper's choice for NMT)"),
     Flag("--backbone", "admin", choices=tuple(BACKBONES),
-         help="; ".join(f"{name}: {formula}" for name, formula in BACKBONES.items())),
+         help="; ".join(f"{name}: {backbone.formula}" for name, backbone in BACKBONES.items())),
     Flag("--admin-init", "closed-form", choices=ADMIN_INITS, model_defining=False,
          help="how ADMIN's omega is initialised: closed-form: omega = sqrt((N+1)/ln(N+1) - 1), "
               "N = residual sublayers of the stack; profile: one forward pass on a training batch "
@@ -112,7 +125,12 @@ class RealformerOptions:
     @property
     def normalize_before(self) -> bool:
         """LayerNorm before each sublayer (and after each stack) instead of after the sum."""
-        return self.backbone == "pre-ln"
+        return BACKBONES[self.backbone].layer_norm == "before"
+
+    @property
+    def layer_norm(self) -> bool:
+        """The backbone has LayerNorms (before or after each sublayer)."""
+        return BACKBONES[self.backbone].layer_norm is not None
 
     @property
     def admin_from_data(self) -> bool:
@@ -155,6 +173,8 @@ class RealformerOptions:
                 f"--encoder-normalize-before/--decoder-normalize-before contradict --backbone "
                 f"{self.backbone}; use --backbone pre-ln for a Pre-LN model"
             )
+        if not self.layer_norm and getattr(args, "layernorm_embedding", False):
+            raise RealformerConfigError(f"--layernorm-embedding adds a LayerNorm, but --backbone {self.backbone} has none")
         if getattr(args, "cross_self_attention", False):
             raise RealformerConfigError(
                 "--cross-self-attention is not supported by the realformer model: its decoder "

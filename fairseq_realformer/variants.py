@@ -3,8 +3,10 @@ as plugin flags on top of any ``realformer`` architecture (which sets the size).
 
 "realformer" is the RealFormer paper's NMT model: residual attention on all three paths, running
 mean, on ADMIN with ω profiled on a training batch (the ADMIN paper's initialisation, which the
-RealFormer paper built on). Every ADMIN variant here profiles ω, so the rows differ only in what
-their names say.
+RealFormer paper built on). Every ADMIN variant here profiles ω, and every "-realformer" variant
+adds residual attention on all three paths with the running mean, so the rows differ only in
+what their names say. "admin-radam" also sets the optimizer and drops the learning-rate warm-up
+(RAdam's claim): its flags go after a recipe's own training flags, so that they win.
 
 Shell scripts read a variant's flags, one per line, without importing fairseq:
 
@@ -13,6 +15,7 @@ Shell scripts read a variant's flags, one per line, without importing fairseq:
 import sys
 
 _NO_RESIDUAL_ATTENTION = ("--residual-attention-paths", "none")
+_RESIDUAL_ATTENTION_MEAN = ("--residual-attention-paths", "all", "--residual-attention-mode", "mean")
 _ADMIN_PROFILED = ("--backbone", "admin", "--admin-init", "profile")
 
 VARIANTS = {
@@ -20,8 +23,13 @@ VARIANTS = {
     "pre-ln": (*_NO_RESIDUAL_ATTENTION, "--backbone", "pre-ln"),
     "admin": (*_NO_RESIDUAL_ATTENTION, *_ADMIN_PROFILED),
     "deepnorm": (*_NO_RESIDUAL_ATTENTION, "--backbone", "deepnorm"),
-    "realformer": ("--residual-attention-paths", "all", "--residual-attention-mode", "mean", *_ADMIN_PROFILED),
+    "realformer": (*_RESIDUAL_ATTENTION_MEAN, *_ADMIN_PROFILED),
     "realformer-sum": ("--residual-attention-paths", "all", "--residual-attention-mode", "sum", *_ADMIN_PROFILED),
+    "rezero": (*_NO_RESIDUAL_ATTENTION, "--backbone", "rezero"),
+    "rezero-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "rezero"),
+    "t-fixup": (*_NO_RESIDUAL_ATTENTION, "--backbone", "t-fixup"),
+    "t-fixup-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "t-fixup"),
+    "admin-radam": (*_NO_RESIDUAL_ATTENTION, *_ADMIN_PROFILED, "--optimizer", "radam", "--warmup-updates", "0"),
 }
 
 

@@ -24,7 +24,7 @@ TINY = [
 PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross",
              "decoder,cross", "all"]  # fmt: skip
 MODES = ["sum", "mean"]
-BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm"]
+BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup"]
 
 
 def paths_of(spec: str):
@@ -71,9 +71,13 @@ def realformer(paths: str = "all", mode: str = "mean", backbone: str = "admin", 
     )  # fmt: skip
 
 
-def perturb_(model, seed: int = 1, scale: float = 0.3):
-    """Move every parameter away from its initial value (biases 0, LN 1/0, ω constant), so
-    that no term of the computation hides behind a degenerate value."""
+def perturb_(model, seed: int = 1, scale=None):
+    """Move every parameter away from its initial value (biases 0, LN 1/0, ω constant, ReZero's
+    α 0), so that no term of the computation hides behind a degenerate value. Default scale 0.3;
+    0.1 for a backbone without LayerNorm, where 0.3 makes activations grow to ~10⁴ through the
+    layers (and float32 rounding to ~10⁻²), far from anything training produces."""
+    if scale is None:
+        scale = 0.3 if getattr(getattr(model, "options", None), "layer_norm", True) else 0.1
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

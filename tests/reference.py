@@ -8,6 +8,7 @@ index. Only the token/position embedding modules (fairseq's, not ours) are calle
     P_n = softmax(mask(S_n))           (sum)
     P_n = softmax(mask(S_n / n))       (mean)
     post-ln: LN(x + f(x))   pre-ln: x + f(LN(x))   admin: LN(x·ω + f(x))   deepnorm: LN(α·x + f(x))
+    rezero: x + α·f(x) (α the sublayer's trainable scalar)   t-fixup: x + f(x)
 
 With ``profile=True`` it also recomputes ADMIN's profiling: ω_i = ratio, then
 ratio = sqrt(Var(x·ω_i) + Var(f(x))) over the real tokens, ratio starting at 1 per stack.
@@ -69,6 +70,10 @@ def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, p
     if backbone == "pre-ln":
         return x + f(_layer_norm(x, params, ln_name))
     branch = f(x)
+    if backbone == "rezero":
+        return x + params[omega_name.replace("_omega", "_resweight")] * branch
+    if backbone == "t-fixup":
+        return x + branch
     if backbone == "admin":
         omega = profile.omega(x, branch) if profile else params[omega_name]
         return _layer_norm(x * omega + branch, params, ln_name)

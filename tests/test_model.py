@@ -127,12 +127,14 @@ def test_incremental_decoding_equals_full_forward(paths, mode, backbone):
 
 @pytest.mark.parametrize(
     "paths, mode, backbone",
-    [("all", "mean", "admin"), ("all", "sum", "post-ln"), ("cross", "mean", "pre-ln"), ("none", "sum", "admin")],
-)
+    [("all", "mean", "admin"), ("all", "sum", "post-ln"), ("cross", "mean", "pre-ln"), ("none", "sum", "admin"),
+     ("all", "mean", "rezero"), ("decoder,cross", "sum", "t-fixup")],
+)  # fmt: skip
 def test_beam_search_scores_are_the_models_probabilities(paths, mode, backbone):
     """Beam 4 through fairseq's generator (beam reordering of the incremental state): every
     hypothesis' token scores equal the full teacher-forced forward pass on that hypothesis."""
-    model = perturb_(realformer(paths, mode, backbone, dictionary=DICT), scale=0.5)
+    model = realformer(paths, mode, backbone, dictionary=DICT)
+    model = perturb_(model, scale=0.5 if model.options.layer_norm else None)
     src, src_len, _ = random_batch(DICT, SRC_LENS, TGT_LENS)
     generator = SequenceGenerator([model], DICT, beam_size=4, max_len_a=0, max_len_b=8)
     hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": src_len}})

@@ -291,7 +291,8 @@ def dry_run(*args):
 @pytest.mark.parametrize(
     "variant, depth, backbone, paths",
     [("realformer", "6", "admin", "all"), ("admin", "12", "admin", "none"),
-     ("post-ln", "18", "post-ln", "none"), ("pre-ln", "60-12", "pre-ln", "none")],
+     ("post-ln", "18", "post-ln", "none"), ("pre-ln", "60-12", "pre-ln", "none"),
+     ("t-fixup-realformer", "6", "t-fixup", "all")],
 )  # fmt: skip
 def test_variant_builds_the_table_7_model(variant, depth, backbone, paths):
     fairseq_args, _ = dry_run("--variant", variant, "--depth", depth, *TINY)
@@ -302,6 +303,12 @@ def test_variant_builds_the_table_7_model(variant, depth, backbone, paths):
     assert args.lr_scheduler == "polynomial_decay" and args.power == 1 and args.max_epoch == 50
     assert args.share_all_embeddings and args.label_smoothing == 0.1 and args.lr == [5e-4]
     ARCH_MODEL_REGISTRY[args.arch].build_model(args, FakeTask(make_dictionary()))
+
+
+def test_a_variant_sets_its_own_optimizer_and_schedule():
+    fairseq_args, _ = dry_run("--variant", "admin-radam", *TINY)
+    args = options.parse_args_and_arch(options.get_training_parser(), ["/no/data", *fairseq_args[1:]])
+    assert (args.optimizer, args.warmup_updates, args.backbone, args.adam_betas) == ("radam", 0, "admin", "(0.9, 0.98)")
 
 
 def test_update_freq_reaches_32k_tokens_and_en_fr_lr():

@@ -38,7 +38,8 @@ usage() {
     cat <<'EOF'
 Usage: train.sh [options] [fairseq-train arguments...]
 
-  --variant V            realformer | admin | post-ln | pre-ln | deepnorm | realformer-sum
+  --variant V            realformer | admin | post-ln | pre-ln | deepnorm | realformer-sum |
+                         rezero | rezero-realformer | t-fixup | t-fixup-realformer | admin-radam
                          (fairseq_realformer/variants.py)               (default: realformer)
   --depth D              6 | 12 | 18 | 60-12: encoder-decoder layers    (default: 6)
   --lang L               en-de | en-fr                                  (default: en-de)
@@ -152,11 +153,11 @@ fi
 
 ARGS=(
     "$DATA" --user-dir "$USER_DIR" --task translation --source-lang "$SRC" --target-lang "$TGT"
-    "${MODEL[@]}" --encoder-layers "$ENC_LAYERS" --decoder-layers "$DEC_LAYERS"
-    --share-all-embeddings
+    --encoder-layers "$ENC_LAYERS" --decoder-layers "$DEC_LAYERS" --share-all-embeddings
     --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0
     --lr "$LR" --lr-scheduler polynomial_decay --power 1 --end-learning-rate 0
     --warmup-updates "$WARMUP"
+    "${MODEL[@]}"  # after the training flags: a variant may set its own (admin-radam)
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1
     --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --max-epoch "$EPOCHS"
     --save-dir "$SAVE_DIR" --save-interval 1 --keep-last-epochs "$KEEP_LAST_EPOCHS"

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .. import options as plugin_options
 from ..modules import admin
-from ..modules.layers import RealformerDecoderLayer, RealformerEncoderLayer
+from ..modules.layers import RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
 
 # The options of the model being built. fairseq's build_model calls build_encoder/build_decoder
 # with a config it makes itself; the options reach them through this context, never through
@@ -47,6 +47,7 @@ class RealformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, options):
         self.options = options  # read by build_encoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens)
+        initialize_embeddings(options, cfg, self.embed_tokens, "encoder")
 
     def build_encoder_layer(self, cfg):
         return _wrap_layer(RealformerEncoderLayer(cfg, self.options), cfg)
@@ -104,6 +105,7 @@ class RealformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, options, no_encoder_attn=False):
         self.options = options  # read by build_decoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        initialize_embeddings(options, cfg, self.embed_tokens, "decoder")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap_layer(RealformerDecoderLayer(cfg, self.options, no_encoder_attn), cfg)
@@ -192,8 +194,8 @@ class RealformerDecoder(TransformerDecoderBase):
 
 @register_model("realformer")
 class RealformerModel(TransformerModel):
-    """RealFormer residual attention (He et al. 2021) on a Post-LN, Pre-LN, ADMIN or DeepNorm
-    Transformer.
+    """RealFormer residual attention (He et al. 2021) on a Transformer of any backbone (Post-LN,
+    Pre-LN, ADMIN, DeepNorm, ReZero, T-Fixup).
 
     Subclassed from fairseq's (legacy, argparse) ``transformer`` for its flags, embeddings and
     generation interface; only the encoder, decoder and their layers differ.

@@ -6,13 +6,17 @@ Backbones (one residual sublayer f: self-attention, cross-attention or FFN):
     pre-ln    x ← x + f(LN(x))
     admin     x ← LN(x·ω + f(x)), ω a trainable per-channel vector per sublayer (ADMIN)
     deepnorm  x ← LN(α·x + f(x)), α fixed per stack; value/output/FFN weights scaled by β (DeepNet)
+    rezero    x ← x + α·f(x), α a trainable scalar per sublayer, initialised to 0; no LayerNorm
+    t-fixup   x ← x + f(x), no LayerNorm; value/output/FFN weights and embeddings depth-scaled
 
-The residual wiring of every backbone is here (``_Backbone``); which backbone, which score paths
-and which running-mean mode come from the model's ``RealformerOptions``. On a residual-attention
-path a layer takes the previous layer's carried scores and returns its own (see
-``residual_attention``); off the path it uses fairseq's own attention module, fused SDPA path
+The residual wiring and the initialisation of every backbone are here (``_Backbone``,
+``deepnorm_alpha_beta``, ``tfixup_scales``, ``initialize_embeddings``); which backbone, which
+score paths and which running-mean mode come from the model's ``RealformerOptions``. On a
+residual-attention path a layer takes the previous layer's carried scores and returns its own
+(see ``residual_attention``); off the path it uses fairseq's own attention module, fused SDPA path
 included, so a path that is switched off costs nothing.
 """
+import math
 from functools import partial
 from typing import Dict, Optional, Tuple
 
@@ -26,8 +30,10 @@ from torch import Tensor, nn
 from .admin import initial_omega
 from .residual_attention import ResidualMultiheadAttention
 
-# DeepNorm scales these projections by β at initialisation; queries and keys keep theirs
-DEEPNORM_BETA_SCALED = ("fc1", "fc2", "v_proj", "out_proj")
+# The residual sublayers of a layer, in the order they run.
+SUBLAYERS = {"encoder": ("self_attn", "ffn"), "decoder": ("self_attn", "encoder_attn", "ffn")}
+# DeepNorm and T-Fixup scale these projections at initialisation; queries and keys keep theirs
+DEPTH_SCALED = ("fc1", "fc2", "v_proj", "out_proj")
 
 
 def deepnorm_alpha_beta(encoder_layers: int, decoder_layers: int, side: str) -> Tuple[float, float]:
@@ -45,12 +51,65 @@ def deepnorm_alpha_beta(encoder_layers: int, decoder_layers: int, side: str) -> 
     raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
 
 
+def tfixup_scales(encoder_layers: int, decoder_layers: int, side: str) -> Tuple[float, float]:
+    """T-Fixup's (layer weights, input embedding) scales for one stack, as its official code
+    (layer6ai-labs/T-Fixup) applies them:
+
+        encoder  value/output/FFN weights × 0.67·N_e^(−1/4),  embeddings × (9·N_e)^(−1/4)
+        decoder  value/output/FFN weights × (9·N_d)^(−1/4),   embeddings × (9·N_d)^(−1/4)
+
+    (the paper's text gives the encoder embeddings 0.67·N_e^(−1/4); its code, used here, (9·N_e)^(−1/4)).
+    """
+    n, m = encoder_layers, decoder_layers
+    if side == "encoder":
+        return 0.67 * n ** (-1 / 4), (9 * n) ** (-1 / 4)
+    if side == "decoder":
+        return (9 * m) ** (-1 / 4), (9 * m) ** (-1 / 4)
+    raise ValueError(f"side must be 'encoder' or 'decoder', got {side!r}")
+
+
+@torch.no_grad()
+def initialize_embeddings(options, cfg, embed_tokens: nn.Embedding, side: str) -> None:
+    """What a backbone does to a stack's input embeddings at construction (T-Fixup scales them;
+    the others keep fairseq's N(0, d^-1/2)). Shared embeddings (--share-all-embeddings) are
+    scaled once, by the encoder, as T-Fixup's code does."""
+    if options.backbone == "t-fixup" and not (side == "decoder" and cfg.share_all_embeddings):
+        embed_tokens.weight.mul_(tfixup_scales(cfg.encoder.layers, cfg.decoder.layers, side)[1])
+
+
 def _attend(attention, prev_scores: Optional[Tensor], depth: int, **kwargs):
     """Call a residual or a plain fairseq attention module; both answer (x, weights, scores)."""
     if isinstance(attention, ResidualMultiheadAttention):
         return attention(**kwargs, prev_scores=prev_scores, depth=depth)
     x, weights = attention(**kwargs)
     return x, weights, None
+
+
+def _join_sum(x: Tensor, residual: Tensor, weight) -> Tensor:
+    return residual + x
+
+
+def _join_scaled_residual(x: Tensor, residual: Tensor, omega: Tensor) -> Tensor:
+    return torch.addcmul(x, residual, omega)  # ADMIN: x·ω + f(x)
+
+
+def _join_alpha_residual(x: Tensor, residual: Tensor, alpha: float) -> Tensor:
+    return torch.add(x, residual, alpha=alpha)  # DeepNorm: α·x + f(x)
+
+
+def _join_scaled_branch(x: Tensor, residual: Tensor, alpha: Tensor) -> Tensor:
+    return torch.addcmul(residual, x, alpha)  # ReZero: x + α·f(x)
+
+
+# backbone: (how a sublayer joins x and f(x), the name of its per-sublayer trainable weight)
+_WIRING = {
+    "post-ln": (_join_sum, None),
+    "pre-ln": (_join_sum, None),
+    "admin": (_join_scaled_residual, "omega"),
+    "deepnorm": (_join_alpha_residual, None),
+    "rezero": (_join_scaled_branch, "resweight"),
+    "t-fixup": (_join_sum, None),
+}
 
 
 class _Backbone:
@@ -62,20 +121,58 @@ class _Backbone:
     # DeepNorm's α (1.0 on the other backbones)
     residual_alpha = 1.0
 
-    def _omega(self, cfg, side: str) -> Optional[nn.Parameter]:
-        if self.options.backbone != "admin":
-            return None
+    def _init_backbone(self, cfg, side: str, sublayers) -> None:
+        """The backbone's parameters and initialisation, after fairseq built the *sublayers*:
+        ADMIN's ω (``<sublayer>_omega``), ReZero's α (``<sublayer>_resweight``), DeepNorm's α
+        and β, T-Fixup's scaled weights; no LayerNorms for a backbone without them."""
+        backbone = self.options.backbone
+        self._join, weight_name = _WIRING[backbone]
         layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-        return nn.Parameter(torch.full((self.embed_dim,), initial_omega(self.options, layers, side)))
-
-    def _init_backbone(self, cfg, side: str) -> None:
-        """Initialisation the backbone adds after fairseq's (DeepNorm's α and β)."""
-        if self.options.backbone == "deepnorm":
+        self._weight_names = {}
+        for sublayer in sublayers:
+            self._weight_names[sublayer] = f"{sublayer}_{weight_name}" if weight_name else None
+            omega = None
+            if backbone == "admin":
+                omega = nn.Parameter(torch.full((self.embed_dim,), initial_omega(self.options, layers, side)))
+            setattr(self, f"{sublayer}_omega", omega)
+            if backbone == "rezero":  # every layer starts as the identity
+                setattr(self, f"{sublayer}_resweight", nn.Parameter(torch.zeros(1)))
+        self.normalize_after = self.options.layer_norm and not self.normalize_before
+        if not self.options.layer_norm:
+            self.self_attn_layer_norm = self.final_layer_norm = None
+            if side == "decoder":
+                self.encoder_attn_layer_norm = None
+        if backbone == "deepnorm":
             self.residual_alpha, beta = deepnorm_alpha_beta(cfg.encoder.layers, cfg.decoder.layers, side)
-            with torch.no_grad():
-                for name, p in self.named_parameters():
-                    if name.split(".")[-2] in DEEPNORM_BETA_SCALED:
-                        p.mul_(beta)
+            self._scale_projections(beta, weights_only=False)
+        elif backbone == "t-fixup":
+            self._tfixup_initialization(tfixup_scales(cfg.encoder.layers, cfg.decoder.layers, side)[0])
+
+    @torch.no_grad()
+    def _scale_projections(self, scale: float, weights_only: bool) -> None:
+        """Multiply the value, output and FFN projections (DEPTH_SCALED) by *scale*."""
+        for name, p in self.named_parameters():
+            *_, module, kind = ("", *name.split("."))
+            if module in DEPTH_SCALED and (kind == "weight" or not weights_only):
+                p.mul_(scale)
+
+    @torch.no_grad()
+    def _tfixup_initialization(self, scale: float) -> None:
+        """T-Fixup (Huang et al. 2020): Xavier-uniform weights (fairseq's FFN layers are
+        torch's default Linear, its value projection Xavier with gain 1/√2: both re-drawn as
+        Xavier with gain 1, FFN biases 0), then the value, output and FFN weights × *scale*."""
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+        for attention in (self.self_attn, getattr(self, "encoder_attn", None)):
+            if attention is not None and attention.qkv_same_dim:
+                attention.v_proj.weight.mul_(math.sqrt(2))  # gain 1/√2 → 1, as T-Fixup's code
+        self._scale_projections(scale, weights_only=True)
+
+    def _weight(self, sublayer: str):
+        """The sublayer's backbone weight: ADMIN's ω or ReZero's α (trainable), else DeepNorm's α."""
+        name = self._weight_names[sublayer]
+        return getattr(self, name) if name else self.residual_alpha
 
     def _residual_attention(self, cfg, path: str, embed_dim: int, heads: int, build_fairseqs, **kwargs):
         """The attention module of a sublayer on score *path*: ours on a residual path, else
@@ -92,38 +189,36 @@ class _Backbone:
             **kwargs,
         )
 
-    def _pre(self, x: Tensor, layer_norm: nn.Module) -> Tensor:
+    def _pre(self, x: Tensor, layer_norm: Optional[nn.Module]) -> Tensor:
         return layer_norm(x) if self.normalize_before else x
 
-    def _post(self, x: Tensor, residual: Tensor, omega: Optional[Tensor], layer_norm: nn.Module):
+    def _post(self, x: Tensor, residual: Tensor, sublayer: str, layer_norm: Optional[nn.Module]) -> Tensor:
+        """Dropout on the branch, the backbone's join with the residual, LayerNorm after it."""
         x = self.dropout_module(x)
-        if omega is not None:
-            if self.admin_profiler is not None:
-                self.admin_profiler(omega, residual, x)  # sets ω from this sublayer's statistics
-            x = torch.addcmul(x, residual, omega)
-        elif self.residual_alpha != 1.0:
-            x = torch.add(x, residual, alpha=self.residual_alpha)
-        else:
-            x = residual + x
-        return x if self.normalize_before else layer_norm(x)
+        weight = self._weight(sublayer)
+        if self.admin_profiler is not None:
+            self.admin_profiler(weight, residual, x)  # sets ω from this sublayer's statistics
+        x = self._join(x, residual, weight)
+        return layer_norm(x) if self.normalize_after else x
 
-    def _attention_sublayer(self, x: Tensor, attention, layer_norm: nn.Module, omega: Optional[Tensor],
-                            prev_scores: Optional[Tensor], depth: int, key_value: Optional[Tensor] = None,
-                            **kwargs):  # fmt: skip
-        """One attention sublayer, pre → attend → post. Self-attention when *key_value* is None.
-        Returns (x, attention weights if asked for, the scores to carry on this path or None)."""
+    def _attention_sublayer(self, x: Tensor, sublayer: str, prev_scores: Optional[Tensor], depth: int,
+                            key_value: Optional[Tensor] = None, **kwargs):  # fmt: skip
+        """One attention sublayer ("self_attn" or "encoder_attn"), pre → attend → post.
+        Self-attention when *key_value* is None. Returns (x, attention weights if asked for,
+        the scores to carry on this path or None)."""
+        attention, layer_norm = getattr(self, sublayer), getattr(self, f"{sublayer}_layer_norm")
         residual = x
         x = self._pre(x, layer_norm)
         key_value = x if key_value is None else key_value
         x, weights, scores = _attend(attention, prev_scores, depth, query=x, key=key_value, value=key_value, **kwargs)
-        return self._post(x, residual, omega, layer_norm), weights, scores
+        return self._post(x, residual, sublayer, layer_norm), weights, scores
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         residual = x
         x = self._pre(x, self.final_layer_norm)
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         x = self.fc2(x)
-        return self._post(x, residual, self.ffn_omega, self.final_layer_norm)
+        return self._post(x, residual, "ffn", self.final_layer_norm)
 
 
 class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
@@ -135,9 +230,7 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
     def __init__(self, cfg, options):
         self.options = options  # read by build_self_attention during fairseq's __init__
         super().__init__(cfg)
-        self.self_attn_omega = self._omega(cfg, "encoder")
-        self.ffn_omega = self._omega(cfg, "encoder")
-        self._init_backbone(cfg, "encoder")
+        self._init_backbone(cfg, "encoder", SUBLAYERS["encoder"])
 
     def sublayer_omegas(self):
         """ADMIN's ω in the order the sublayers run."""
@@ -164,7 +257,7 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
                 attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
             )
         x, _, scores = self._attention_sublayer(
-            x, self.self_attn, self.self_attn_layer_norm, self.self_attn_omega, prev_scores, depth,
+            x, "self_attn", prev_scores, depth,
             key_padding_mask=encoder_padding_mask, need_weights=False, attn_mask=attn_mask,
         )  # fmt: skip
         return self._feed_forward(x), scores
@@ -180,10 +273,10 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
     def __init__(self, cfg, options, no_encoder_attn=False):
         self.options = options  # read by the build_* methods during fairseq's __init__
         super().__init__(cfg, no_encoder_attn)
-        self.self_attn_omega = self._omega(cfg, "decoder")
-        self.encoder_attn_omega = None if no_encoder_attn else self._omega(cfg, "decoder")
-        self.ffn_omega = self._omega(cfg, "decoder")
-        self._init_backbone(cfg, "decoder")
+        sublayers = [s for s in SUBLAYERS["decoder"] if not (no_encoder_attn and s == "encoder_attn")]
+        self._init_backbone(cfg, "decoder", sublayers)
+        if no_encoder_attn:
+            self.encoder_attn_omega = None
 
     def sublayer_omegas(self):
         """ADMIN's ω in the order the sublayers run."""
@@ -223,15 +316,14 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         (cross-attention probabilities when asked for), scores None off their path."""
         need_attn = need_attn or need_head_weights
         x, _, self_scores = self._attention_sublayer(
-            x, self.self_attn, self.self_attn_layer_norm, self.self_attn_omega, prev_self_scores, depth,
+            x, "self_attn", prev_self_scores, depth,
             key_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
             need_weights=False, attn_mask=self_attn_mask,
         )  # fmt: skip
         attn = cross_scores = None
         if self.encoder_attn is not None and encoder_out is not None:
             x, attn, cross_scores = self._attention_sublayer(
-                x, self.encoder_attn, self.encoder_attn_layer_norm, self.encoder_attn_omega, prev_cross_scores,
-                depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
+                x, "encoder_attn", prev_cross_scores, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state, static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn), need_head_weights=need_head_weights,
             )  # fmt: skip
