@@ -2,7 +2,6 @@
 import json
 import math
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from scipy.spatial.distance import jensenshannon
 from scipy.stats import entropy as scipy_entropy
 
 from fairseq_realformer.analysis import cli
-from fairseq_realformer.analysis.capture import PATHS, AttentionRecorder
+from fairseq_realformer.analysis.capture import PATHS, AttentionRecorder, attention_modules
 from fairseq_realformer.analysis.measure import measure
 from fairseq_realformer.analysis.statistics import (
     RESOLUTION,
@@ -39,7 +38,7 @@ from .test_recipes import save_checkpoint
 MEDIAN_TOLERANCE = RESOLUTION / 2 + 1e-4  # the histogram's bound, plus the JSON's 4 decimals
 LOG = {"nats": math.log, "bits": math.log2}
 
-# (label, arch, flags, residual paths, mode, backbone): a stock fairseq transformer and this
+# name: (arch, flags, residual paths, mode, backbone): a stock fairseq transformer and this
 # plugin's model with both attention modules, both modes and several backbones
 MODELS = {
     "transformer": ("transformer", (), "none", "sum", "post-ln"),
@@ -94,13 +93,19 @@ def test_recorder_gives_each_layers_per_head_probabilities(name):
     model = model_of(name)
     src, lengths, prev = random_batch(make_dictionary(), [6, 3, 8], [5, 7, 2], seed=3)
     expected = reference_probabilities(model, name, src, prev)
+    received = {path: [] for path in PATHS}
+
+    def consume(path, layer, probabilities):
+        assert layer == len(received[path])  # in order, as the layers run
+        received[path].append(probabilities)
+
     with torch.no_grad():
         plain = model(src, lengths, prev)[0]
-        with AttentionRecorder(model) as recorder:
+        with AttentionRecorder(model, consume) as recorder:
             recorded = model(src, lengths, prev)[0]
     torch.testing.assert_close(recorded, plain, atol=1e-5, rtol=1e-5)
     for path in PATHS:
-        got = torch.stack(recorder.probabilities[path]).transpose(1, 2)  # (layers, B, H, T, S)
+        got = torch.stack(received[path]).transpose(1, 2)  # (layers, B, H, T, S)
         assert got.shape == expected[path].shape == (LAYERS, 3, HEADS, prev.size(1) if path != "encoder" else 8,
                                                      8 if path != "decoder" else prev.size(1))  # fmt: skip
         torch.testing.assert_close(got, expected[path], atol=1e-5, rtol=1e-4, msg=path)
@@ -139,7 +144,10 @@ def test_one_hot_attention_has_entropy_0_and_disjoint_layers_jsd_1():
         last = torch.nn.functional.one_hot(visible.size(-1) - 1 - visible.int().flip(-1).argmax(-1), visible.size(-1)).float()
         layers = [p.unsqueeze(0).expand(HEADS, *p.shape) for p in (first, last)]  # (H, B, T, S)
         stats = PathStatistics(2, HEADS, max_keys=16, unit="nats", sample_size=100, generator=torch.Generator())
-        stats.add(layers, queries, visible)
+        stats.start_batch(queries, visible)
+        for layer, probabilities in enumerate(layers):
+            stats.add_layer(layer, probabilities)
+        stats.end_batch()
         single_key = (visible.sum(-1) == 1)[queries]
         assert stats.tokens == int(queries.sum())
         assert torch.equal(stats.entropy_sample, torch.zeros(2, stats.tokens, HEADS))
@@ -153,7 +161,7 @@ def uniform_model(name):
     sum, which stays 0) attends uniformly to the keys a token may see."""
     model = model_of(name)
     with torch.no_grad():
-        for modules in AttentionRecorder(model).modules.values():
+        for modules in attention_modules(model).values():
             for module in modules:
                 module.q_proj.weight.zero_()
                 module.q_proj.bias.zero_()
@@ -216,7 +224,7 @@ def test_median_histogram_is_within_half_a_bin_of_the_exact_median():
     exact = values.median(dim=1).values.double()  # odd count: the middle value
     assert (histogram.median() - exact).abs().max() <= RESOLUTION / 2 + 1e-9
     pooled = np.median(values.permute(0, 2, 1).reshape(3, -1).numpy(), axis=1)  # even count: mean of two
-    assert np.abs(histogram.median(pool_last_dim=True).numpy() - pooled).max() <= RESOLUTION / 2 + 1e-7
+    assert np.abs(histogram.median(pool_heads=True).numpy() - pooled).max() <= RESOLUTION / 2 + 1e-7
 
 
 def test_token_sample_is_bounded_and_keeps_a_token_for_every_layer():
@@ -395,6 +403,9 @@ def test_bad_input_is_one_line_naming_it(workspace, capsys, tmp_path):
                     f"vocabulary has 24 symbols, dict.src.txt has 34 (was it trained on this data?)")  # fmt: skip
     line = error_of(capsys, data, "--checkpoints", root / "nope.pt", *langs)
     assert line == f"realformer-analyze: error: --checkpoints {root / 'nope.pt'}: no such file"
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    line = error_of(capsys, data, "--checkpoints", tmp_path / "notes.pt", *langs)
+    assert line.startswith(f"realformer-analyze: error: {tmp_path / 'notes.pt'} is not a readable torch checkpoint")
     assert not list(tmp_path.glob("*.png"))
 
 

@@ -1,14 +1,15 @@
-"""Record the per-head attention probabilities that every attention layer of a model used.
+"""Hand on the per-head attention probabilities that every attention layer of a model used.
 
 Works on fairseq's ``MultiheadAttention`` (stock ``transformer`` models, and this plugin's layers
 whose residual path is off) and on the plugin's ``ResidualMultiheadAttention`` (a subclass that
 returns ``(output, weights, scores)``). Each layer is asked for per-head weights through a
 forward pre-hook that rewrites the keyword arguments its encoder or decoder layer passes
-(``need_weights``, ``need_head_weights``); a forward hook keeps ``output[1]``.
+(``need_weights``, ``need_head_weights``); a forward hook hands ``output[1]`` on as soon as the
+layer has run, so no more than one layer's probabilities need to be kept at a time.
 
 Nothing else changes: the model computes what it computes without the recorder (tested).
 """
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
@@ -56,10 +57,10 @@ def _ask_for_head_weights(module, args, kwargs):
 
 
 class AttentionRecorder:
-    """Context manager: during each forward pass of the model, ``probabilities[path][layer]``
-    becomes that layer's attention probabilities, ``(heads, batch, queries, keys)`` in float32,
-    exactly those the layer used (masked entries 0; running mean's ``softmax(S_n / n)`` for
-    residual attention).
+    """Context manager: during each forward pass of the model, every attention layer, as soon as
+    it has run, calls ``consume(path, layer, probabilities)`` with layer counted from 0 and its
+    attention probabilities ``(heads, batch, queries, keys)`` in float32, exactly those the layer
+    used (masked entries 0; running mean's ``softmax(S_n / n)`` for residual attention).
 
     fairseq's ``MultiheadAttention`` takes a fused path (``F.multi_head_attention_forward``) for
     self-attention outside incremental decoding, which returns weights averaged over heads even
@@ -68,15 +69,14 @@ class AttentionRecorder:
     which honours ``need_head_weights``; it is set while recording and restored afterwards.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, consume: Callable[[str, int, Tensor], None]):
         self.modules = attention_modules(model)
-        self.probabilities: Dict[str, List[Tensor]] = {}
+        self.consume = consume
         self._handles = []
         self._saved_flags = []
 
     def __enter__(self) -> "AttentionRecorder":
         for path, modules in self.modules.items():
-            self.probabilities[path] = [None] * len(modules)
             for layer, module in enumerate(modules):
                 self._saved_flags.append((module, module.skip_embed_dim_check))
                 module.skip_embed_dim_check = True
@@ -99,6 +99,6 @@ class AttentionRecorder:
                     f"{PATH_TITLES[path]} layer {layer + 1} ({type(module).__name__}) did not return "
                     f"per-head attention probabilities"
                 )
-            self.probabilities[path][layer] = weights.float()
+            self.consume(path, layer, weights.float())
 
         return record

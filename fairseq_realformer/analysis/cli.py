@@ -22,6 +22,9 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 import torch
+from fairseq import checkpoint_utils, tasks, utils
+from fairseq.data import data_utils
+from tqdm import tqdm
 
 from ..errors import RealformerConfigError
 from .capture import PATH_TITLES, PATHS, attention_modules
@@ -85,6 +88,15 @@ def check_args(args) -> None:
             raise RealformerConfigError(f"--checkpoints {path}: no such file")
 
 
+def make_output_folders(args) -> None:
+    """--out and the folder of --json, made before the analysis runs rather than after it."""
+    for folder in (args.out, os.path.dirname(args.json or "")):
+        try:
+            os.makedirs(folder or ".", exist_ok=True)
+        except OSError as e:
+            raise RealformerConfigError(f"cannot make the folder {folder} ({e.strerror})") from None
+
+
 def unique_labels(paths: Sequence[str]) -> List[str]:
     """The shortest ends of the paths (without .pt) that tell them apart."""
     parts = [os.path.splitext(os.path.abspath(p))[0].split(os.sep) for p in paths]
@@ -97,13 +109,16 @@ def unique_labels(paths: Sequence[str]) -> List[str]:
 
 def load_model(path: str, args, use_cuda: bool):
     """The checkpoint's model (eval mode) and its translation task set up on DATA_BIN."""
-    from fairseq import checkpoint_utils, tasks
-
     overrides = {"data": args.data}
     for name in ("source_lang", "target_lang"):
         if getattr(args, name):
             overrides[name] = getattr(args, name)
-    state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)  # names unreadable files itself
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path, overrides)
+    except RealformerConfigError:  # the plugin's safe loading names what it refused
+        raise
+    except Exception as e:
+        raise RealformerConfigError(f"{path} is not a readable fairseq checkpoint ({_first_line(e)})") from None
     cfg = state.get("cfg")
     if cfg is None or cfg.get("model") is None or cfg.get("task") is None:
         raise RealformerConfigError(f"checkpoint {path} has no model or task configuration")
@@ -160,9 +175,6 @@ def load_split(path: str, task, split: str):
 def batches(dataset, model, args, use_cuda: bool):
     """The first --max-sentences sentences (those the model can take), sorted by length and
     batched by --max-tokens: ``(number of sentences, iterator of samples)``."""
-    from fairseq import utils
-    from fairseq.data import data_utils
-
     count = len(dataset) if args.max_sentences is None else min(args.max_sentences, len(dataset))
     indices, too_long = dataset.filter_indices_by_size(np.arange(count, dtype=np.int64), model.max_positions())
     if len(too_long):
@@ -186,8 +198,6 @@ def batches(dataset, model, args, use_cuda: bool):
 
 
 def analyse_checkpoint(path: str, label: str, args, use_cuda: bool) -> ModelAttention:
-    from tqdm import tqdm
-
     model, task = load_model(path, args, use_cuda)
     dataset = load_split(path, task, args.gen_subset)
     count, samples = batches(dataset, model, args, use_cuda)
@@ -211,8 +221,8 @@ def summary_table(results: Sequence[ModelAttention], unit: str) -> str:
         lines += ["", f"{result.label}: {result.sentences} sentences of {result.split!r}", header]
         for path in PATHS:
             stats = result.paths[path]
-            entropy, entropy_heads = stats.entropy.median(pool_last_dim=True), stats.entropy.median()
-            jsd, jsd_heads = stats.jsd.median(pool_last_dim=True), stats.jsd.median()
+            entropy, entropy_heads = stats.entropy.median(pool_heads=True), stats.entropy.median()
+            jsd, jsd_heads = stats.jsd.median(pool_heads=True), stats.jsd.median()
             for layer in range(stats.layers):
                 cells = [_cell(entropy[layer], entropy_heads[layer])]
                 cells.append(_cell(jsd[layer - 1], jsd_heads[layer - 1]) if layer else "-")
@@ -253,7 +263,6 @@ def draw(results: Sequence[ModelAttention], args) -> List[str]:
     """Every figure into --out; returns the files written."""
     from . import figures  # matplotlib is loaded only once there is something to draw
 
-    os.makedirs(args.out, exist_ok=True)
     unit, written = args.entropy_unit, []
     for result in results:
         stem = os.path.join(args.out, re.sub(r"[^\w.-]+", "_", result.label))
@@ -284,8 +293,8 @@ def draw(results: Sequence[ModelAttention], args) -> List[str]:
     if len(results) > 1:
         fig = figures.comparison(
             [r.label for r in results],
-            [{p: r.paths[p].entropy.median(pool_last_dim=True).tolist() for p in PATHS} for r in results],
-            [{p: r.paths[p].jsd.median(pool_last_dim=True).tolist() for p in PATHS} for r in results],
+            [{p: r.paths[p].entropy.median(pool_heads=True).tolist() for p in PATHS} for r in results],
+            [{p: r.paths[p].jsd.median(pool_heads=True).tolist() for p in PATHS} for r in results],
             unit=unit,
             title=f"Median attention entropy per layer and JSD between adjacent layers "
             f"(over tokens and heads), {results[0].split!r}, {results[0].sentences} sentences",
@@ -294,13 +303,18 @@ def draw(results: Sequence[ModelAttention], args) -> List[str]:
     return written
 
 
-def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+def quiet_fairseq_logging() -> None:
     # `import fairseq` leaves the root logger at DEBUG (a speech task calls basicConfig); what
     # fairseq logs while loading a checkpoint and a split is not this command's output
     logging.getLogger().setLevel(logging.WARNING)
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    quiet_fairseq_logging()
     try:
         check_args(args)
+        make_output_folders(args)
         use_cuda = torch.cuda.is_available() and not args.cpu
         labels = args.labels or unique_labels(args.checkpoints)
         results = [analyse_checkpoint(path, label, args, use_cuda) for path, label in zip(args.checkpoints, labels)]

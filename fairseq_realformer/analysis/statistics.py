@@ -56,39 +56,26 @@ def path_masks(src_tokens: Tensor, prev_output_tokens: Tensor, src_pad: int, tgt
     }
 
 
-def token_measures(probabilities: List[Tensor], queries: Tensor, visible: Tensor, unit: str) -> Tuple[Tensor, Tensor]:
-    """Entropy ``(layers, tokens, heads)`` and adjacent-layer JSD ``(layers - 1, tokens, heads)``
-    of every real query token of a batch, from each layer's probabilities ``(heads, B, T, S)``."""
-    batch, length = queries.shape
-    visible = visible.expand(batch, length, visible.size(-1))[queries].unsqueeze(1)  # (N, 1, S)
-    rows = [p.permute(1, 2, 0, 3)[queries] for p in probabilities]  # (N, heads, S) per layer
-    entropies = torch.stack([entropy(r, visible, unit) for r in rows])
-    heads = rows[0].size(1)
-    jsd = [jensen_shannon(upper, lower, visible) for lower, upper in zip(rows, rows[1:])]
-    jsd = torch.stack(jsd) if jsd else entropies.new_zeros(0, len(rows[0]), heads)
-    return entropies, jsd
-
-
 class MedianHistogram:
-    """Counts of values in bins of width ``RESOLUTION`` centred on its multiples, per cell of
-    *shape*; values outside ``[0, upper]`` go to the end bins."""
+    """Counts of values in bins of width ``RESOLUTION`` centred on its multiples, per (row,
+    head) of *shape*; values outside ``[0, upper]`` go to the end bins."""
 
-    def __init__(self, shape: Tuple[int, ...], upper: float):
+    def __init__(self, shape: Tuple[int, int], upper: float):
         self.shape = shape
         self.bins = int(math.ceil(upper / RESOLUTION)) + 1
         self.counts = torch.zeros(*shape, self.bins, dtype=torch.int64)
 
     def add(self, values: Tensor) -> None:
-        """*values* ``(*shape[:1], tokens, *shape[1:])`` as ``token_measures`` returns them."""
+        """*values* ``(rows, tokens, heads)``."""
         values = values.movedim(1, -1).reshape(-1, values.size(1)).cpu()  # (cells, tokens)
         index = torch.round(values / RESOLUTION).clamp(0, self.bins - 1).long()
         index += torch.arange(len(index)).unsqueeze(1) * self.bins
         counts = torch.bincount(index.flatten(), minlength=len(index) * self.bins)
         self.counts += counts.view(*self.shape, self.bins)
 
-    def median(self, pool_last_dim: bool = False) -> Tensor:
-        """Median of each cell (or of each cell's row, its last dimension pooled)."""
-        counts = self.counts.sum(dim=-2) if pool_last_dim else self.counts
+    def median(self, pool_heads: bool = False) -> Tensor:
+        """Median of each (row, head), or of each row with its heads pooled."""
+        counts = self.counts.sum(dim=-2) if pool_heads else self.counts
         cumulative = counts.cumsum(dim=-1)
         total = cumulative[..., -1:]
         # 0-based ranks of the two middle values (equal for an odd count)
@@ -119,7 +106,11 @@ class TokenSample:
 
 
 class PathStatistics:
-    """Entropy and adjacent-layer JSD of one path of one model, accumulated over batches."""
+    """Entropy and adjacent-layer JSD of one path of one model, accumulated over batches.
+
+    Per batch: ``start_batch`` with the batch's masks, ``add_layer`` with each layer's
+    probabilities in order as the model runs them (only the previous layer's are kept, for the
+    JSD), then ``end_batch``."""
 
     def __init__(self, layers: int, heads: int, max_keys: int, unit: str, sample_size: int, generator):
         self.layers, self.heads, self.unit = layers, heads, unit
@@ -128,11 +119,39 @@ class PathStatistics:
         self.entropy = MedianHistogram((layers, heads), math.log(max_keys) / math.log(ENTROPY_UNITS[unit]))
         self.jsd = MedianHistogram((layers - 1, heads), 1.0)
         self.sample = TokenSample(sample_size, generator)
+        self._batch = None
 
-    def add(self, probabilities: List[Tensor], queries: Tensor, visible: Tensor) -> None:
-        entropies, jsd = token_measures(probabilities, queries, visible, self.unit)
-        self.tokens += entropies.size(1)
+    def start_batch(self, queries: Tensor, visible: Tensor) -> None:
+        """*queries* ``(B, T)``: the real query tokens; *visible* ``(B, T or 1, S)``: the keys
+        each may attend to (see ``path_masks``)."""
+        batch, length = queries.shape
+        self._batch = {
+            "queries": queries,
+            "visible": visible.expand(batch, length, visible.size(-1))[queries].unsqueeze(1),  # (N, 1, S)
+            "entropy": [],  # per layer (N, heads)
+            "jsd": [],
+            "previous": None,  # the previous layer's (N, heads, S)
+        }
         self.most_keys = max(self.most_keys, int(visible.sum(dim=-1).max()))
+
+    def add_layer(self, layer: int, probabilities: Tensor) -> None:
+        """Layer *layer*'s (from 0) probabilities ``(heads, B, T, S)``."""
+        batch = self._batch
+        if layer != len(batch["entropy"]):
+            raise RuntimeError(f"attention layer {layer + 1} ran after {len(batch['entropy'])} layers of its path")
+        rows = probabilities.permute(1, 2, 0, 3)[batch["queries"]]  # (N, heads, S)
+        batch["entropy"].append(entropy(rows, batch["visible"], self.unit))
+        if batch["previous"] is not None:
+            batch["jsd"].append(jensen_shannon(rows, batch["previous"], batch["visible"]))
+        batch["previous"] = rows
+
+    def end_batch(self) -> None:
+        batch, self._batch = self._batch, None
+        if len(batch["entropy"]) != self.layers:
+            raise RuntimeError(f"{len(batch['entropy'])} of {self.layers} attention layers ran")
+        entropies = torch.stack(batch["entropy"])  # (layers, N, heads)
+        jsd = torch.stack(batch["jsd"]) if batch["jsd"] else entropies.new_zeros(0, *entropies.shape[1:])
+        self.tokens += entropies.size(1)
         self.entropy.add(entropies)
         self.jsd.add(jsd)
         self.sample.add(entropies, jsd)
