@@ -208,7 +208,8 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool) -> ModelAtte
                         progress=bar.update)  # fmt: skip
     print(f"{PROG}: {label}: {count} sentences of {args.gen_subset!r} in {time.perf_counter() - started:.1f} s",
           file=sys.stderr)  # fmt: skip
-    return ModelAttention(checkpoint=path, label=label, split=args.gen_subset, sentences=count, paths=paths)
+    return ModelAttention(checkpoint=path, label=label, data=args.data, split=args.gen_subset, sentences=count,
+                          paths=paths)  # fmt: skip
 
 
 def summary_table(results: Sequence[ModelAttention], unit: str) -> str:
@@ -218,7 +219,7 @@ def summary_table(results: Sequence[ModelAttention], unit: str) -> str:
              f"[lowest .. highest head median]; medians within ±{RESOLUTION / 2:g}"]  # fmt: skip
     header = f"  {'path':<8} {'layer':>5}  {'entropy':<26} JSD"
     for result in results:
-        lines += ["", f"{result.label}: {result.sentences} sentences of {result.split!r}", header]
+        lines += ["", f"{result.label}: {_on_what(result)}", header]
         for path in PATHS:
             stats = result.paths[path]
             entropy, entropy_heads = stats.entropy.median(pool_heads=True), stats.entropy.median()
@@ -228,6 +229,10 @@ def summary_table(results: Sequence[ModelAttention], unit: str) -> str:
                 cells.append(_cell(jsd[layer - 1], jsd_heads[layer - 1]) if layer else "-")
                 lines.append(f"  {path:<8} {layer + 1:>5}  {cells[0]:<26} {cells[1]}")
     return "\n".join(lines)
+
+
+def _on_what(result: ModelAttention) -> str:
+    return f"{result.sentences} sentences of {result.split!r} in {os.path.normpath(result.data)}"
 
 
 def _cell(pooled, heads) -> str:
@@ -266,7 +271,7 @@ def draw(results: Sequence[ModelAttention], args) -> List[str]:
     unit, written = args.entropy_unit, []
     for result in results:
         stem = os.path.join(args.out, re.sub(r"[^\w.-]+", "_", result.label))
-        data = f"{result.label} on {result.split!r}, {result.sentences} sentences"
+        data = f"{result.label} on {_on_what(result)}"
         for path in PATHS:
             stats = result.paths[path]
             about = f"{data}, {stats.tokens} query tokens"
@@ -297,7 +302,7 @@ def draw(results: Sequence[ModelAttention], args) -> List[str]:
             [{p: r.paths[p].jsd.median(pool_heads=True).tolist() for p in PATHS} for r in results],
             unit=unit,
             title=f"Median attention entropy per layer and JSD between adjacent layers "
-            f"(over tokens and heads), {results[0].split!r}, {results[0].sentences} sentences",
+            f"(over tokens and heads), {_on_what(results[0])}",
         )
         written += figures.save(fig, os.path.join(args.out, "comparison"), args.dpi)
     return written

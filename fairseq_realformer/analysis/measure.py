@@ -15,6 +15,7 @@ class ModelAttention:
 
     checkpoint: str
     label: str
+    data: str  # DATA_BIN as given
     split: str
     sentences: int
     paths: Dict[str, PathStatistics]
