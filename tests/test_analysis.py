@@ -403,6 +403,10 @@ def test_bad_input_is_one_line_naming_it(workspace, capsys, tmp_path):
                     f"vocabulary has 24 symbols, dict.src.txt has 34 (was it trained on this data?)")  # fmt: skip
     line = error_of(capsys, data, "--checkpoints", root / "nope.pt", *langs)
     assert line == f"realformer-analyze: error: --checkpoints {root / 'nope.pt'}: no such file"
+    line = error_of(capsys, data, "--checkpoints", root / "transformer.pt", "--entropy-thresholds", "4.5", "1.5", *langs)
+    assert line == "realformer-analyze: error: --entropy-thresholds 4.5 1.5: LOW must be smaller than HIGH"
+    line = error_of(capsys, data, "--checkpoints", root / "transformer.pt", "--labels", "a", "b", *langs)
+    assert line == "realformer-analyze: error: --labels gives 2 names, --checkpoints 1 files: one name each"
     (tmp_path / "notes.pt").write_text("not a checkpoint")
     line = error_of(capsys, data, "--checkpoints", tmp_path / "notes.pt", *langs)
     assert line.startswith(f"realformer-analyze: error: {tmp_path / 'notes.pt'} is not a readable torch checkpoint")

@@ -79,7 +79,7 @@ def check_args(args) -> None:
             raise RealformerConfigError(f"--{flag.replace('_', '-')} must be at least 1, not {value}")
     if args.labels is not None and len(args.labels) != len(args.checkpoints):
         raise RealformerConfigError(
-            f"--labels gives {len(args.labels)} names for {len(args.checkpoints)} checkpoints"
+            f"--labels gives {len(args.labels)} names, --checkpoints {len(args.checkpoints)} files: one name each"
         )
     if not os.path.isdir(args.data):
         raise RealformerConfigError(f"DATA_BIN {args.data}: no such folder")
