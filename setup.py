@@ -21,12 +21,18 @@ setup(
         "sentencepiece>=0.1.97",
         "sacremoses>=0.0.53",
         "subword-nmt>=0.3.8",
+        # realformer-analyze: figures, progress bar
+        "matplotlib>=3.7",
+        "tqdm>=4",
     ],
     extras_require={
         "fairseq": ["ve-fairseq==0.12.3", "torchaudio==2.11.0"],
         "test": ["pytest>=7"],
     },
     entry_points={
-        "console_scripts": ["realformer-user-dir = fairseq_realformer.user_dir:main"],
+        "console_scripts": [
+            "realformer-user-dir = fairseq_realformer.user_dir:main",
+            "realformer-analyze = fairseq_realformer.analysis.cli:main",
+        ],
     },
 )

@@ -1,0 +1,4 @@
+"""``python -m fairseq_realformer.analysis``: the same as ``realformer-analyze``."""
+from .cli import main
+
+main()
