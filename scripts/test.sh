@@ -3,6 +3,7 @@
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -k incremental  # a subset
+#   scripts/test.sh tests/test_radam.py
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/setup_env.sh"
@@ -11,4 +12,4 @@ venv=${REALFORMER_VENV:-$root/.venv}
 # several fairseq processes would oversubscribe the cores (spin-waiting threads, 10x slower).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 cd "$root"
-exec "$venv/bin/python" -m pytest tests "$@"
+exec "$venv/bin/python" -m pytest "$@"  # pytest.ini: testpaths = tests
