@@ -1,5 +1,4 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -10,32 +9,14 @@ import torch
 
 from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
 
-from .cli import run
+from .cli import N_TEST, SCRIPTS, cli_error, load_script, run
 from .helpers import REPO, build_model, parse_args
+from .test_compat import FIXTURES
 
-SCRIPTS = Path(REPO) / "scripts"
 MULTI30K = Path(REPO).parent / "shared" / "data" / "multi30k"
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 average_checkpoints = load_script("average_checkpoints")
 score = load_script("score")
-
-
-def cli_error(capsys, main, *argv):
-    """Run a script's main in-process; return its one-line error (it must exit with status 2)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in argv])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) >= 1 and "Traceback" not in "\n".join(lines)
-    return lines[-1]
 
 
 # --- average_checkpoints.py ---------------------------------------------------------------------
@@ -240,6 +221,53 @@ def test_score_refuses_a_reference_of_another_length(tmp_path, capsys):
     error = cli_error(capsys, score.main, "--hypotheses", hyp, "--reference", ref, "--source-lang", "en",
                       "--target-lang", "de")  # fmt: skip
     assert error == f"score.py: error: {hyp} has 4 hypotheses, --reference {ref} has 3 lines"
+
+
+COMPAT_DATA, COMPAT_CHECKPOINT = FIXTURES / "bin", FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"
+
+
+def score_argv(tmp_path, reference_lines, *extra):
+    """score.py translating the toy test split (N_TEST sentences) with a real checkpoint."""
+    reference = write(tmp_path / "ref.tgt", ["t1 t2"] * reference_lines)
+    return ["--data", COMPAT_DATA, "--checkpoint", COMPAT_CHECKPOINT, "--source-lang", "src", "--target-lang", "tgt",
+            "--reference", reference, "--bpe", "none", "--detok", "none", *extra]  # fmt: skip
+
+
+@pytest.fixture
+def never_translate(monkeypatch):
+    def translate(*args):
+        raise AssertionError("score.py translated before it checked its inputs")
+
+    monkeypatch.setattr(score, "run_generate", translate)
+
+
+def test_score_checks_the_reference_against_the_split_before_translating(tmp_path, capsys, never_translate):
+    out = tmp_path / "out" / "score"
+    error = cli_error(capsys, score.main, *score_argv(tmp_path, N_TEST - 1, "--output-dir", out))
+    assert error == (f"score.py: error: --reference {tmp_path / 'ref.tgt'} has {N_TEST - 1} lines, but the test split "
+                     f"of --data {COMPAT_DATA} has {N_TEST} sentences")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_score_checks_the_output_folder_before_translating(tmp_path, capsys, never_translate):
+    (tmp_path / "file").write_text("")
+    error = cli_error(capsys, score.main, *score_argv(tmp_path, N_TEST, "--output-dir", tmp_path / "file" / "score"))
+    assert error == f"score.py: error: --output-dir {tmp_path / 'file' / 'score'}: {tmp_path / 'file'} is not a folder"
+    argv = score_argv(tmp_path, N_TEST, "--output-dir", tmp_path)
+    reference = (tmp_path / "ref.tgt").rename(tmp_path / "test.hyp.tgt")  # named as score.py's hypotheses
+    argv[argv.index("--reference") + 1] = reference
+    error = cli_error(capsys, score.main, *argv)
+    assert error == f"score.py: error: --output-dir would overwrite the input {reference}; choose another folder"
+
+
+def test_score_leaves_no_partial_output_when_translation_fails(tmp_path, capsys):
+    out = tmp_path / "score"
+    out.mkdir()
+    (out / "scores.txt").write_text("an earlier run's scores\n")
+    error = cli_error(capsys, score.main, *score_argv(tmp_path, N_TEST, "--output-dir", out, "--no-such-flag"))
+    assert error == "score.py: error: fairseq-generate failed (its error is above); nothing was written"
+    assert [(p.name, p.read_text()) for p in out.iterdir()] == [("scores.txt", "an earlier run's scores\n")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref.tgt", "score"]  # no staging folder left
 
 
 # --- quickstart.sh and examples/multi30k ----------------------------------------------------------
