@@ -21,17 +21,23 @@ missing checkpoints    checkpoint_utils                  fairseq-generate/-inter
 fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file that does not exist;
                                                          ADMIN's ω from data before the
                                                          optimizer exists
+half precision         Trainer.__init__                  --fp16/--bf16/--amp without a GPU:
+                                                         one line, not a deep traceback
+ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
+                       fairseq_cli.interactive.main      float32
 one-line errors        sys.excepthook                    RealformerConfigError as one line
 =====================  ================================  =====================================
 """
 import functools
+import importlib.util
 import inspect
 import os
 import sys
 from types import FunctionType, ModuleType
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
+import torch
 from fairseq import checkpoint_utils, hub_utils
 from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
@@ -47,6 +53,8 @@ MARKER = "__patched_by_realformer__"
 def install() -> None:
     """Install every patch (idempotent: a second import of the plugin changes nothing)."""
     import fairseq.trainer  # the call sites' modules (cheap once fairseq is imported)
+    import fairseq_cli.generate
+    import fairseq_cli.interactive
     import fairseq_cli.train
     from fairseq.models import BaseFairseqModel
     from fairseq.models.ema import EMA
@@ -61,6 +69,9 @@ def install() -> None:
     _patch(hub_utils, "from_pretrained", _name_missing_folders, call_sites=[BaseFairseqModel.from_pretrained])
     _patch(checkpoint_utils, "load_checkpoint", lambda load: _initialize_admin_after_loading(_refuse_missing_restore_file(load)),
            call_sites=[fairseq_cli.train.main])  # fmt: skip
+    _patch(fairseq.trainer.Trainer, "__init__", _refuse_half_precision_without_gpu, call_sites=[fairseq_cli.train.main])
+    for cli in (fairseq_cli.generate, fairseq_cli.interactive):
+        _patch(cli, "main", _report_ignored_bf16, call_sites=[cli.cli_main])
     _patch(sys, "excepthook", _one_line_errors, call_sites=[])
 
 
@@ -228,6 +239,67 @@ def _refuse_missing_restore_file(load_checkpoint):
         return load_checkpoint(cfg, trainer, **kwargs)
 
     return load_checkpoint_refusing_a_missing_restore_file
+
+
+def _half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:
+    """Why fairseq-train cannot train with the precision flags of *common* (fairseq's
+    ``cfg.common``, or its argparse namespace) on this machine, or None. *cuda*: torch sees a CUDA
+    GPU; *xla*: torch_xla is installed."""
+    if common.tpu:  # fairseq-train's --bf16 turns on --tpu: a TPU run through torch_xla
+        if common.bf16 and not xla:
+            flag = "--memory-efficient-bf16" if common.memory_efficient_bf16 else "--bf16"
+            instead = "on a GPU use --fp16 or --amp instead" if cuda else "leave it out to train in float32"
+            return (f"{flag} makes fairseq-train train on a TPU (fairseq turns on --tpu with it), which needs "
+                    f"torch_xla, not installed here: {instead}")  # fmt: skip
+        return None
+    flags = [flag for flag, on in (("--memory-efficient-fp16", common.memory_efficient_fp16), ("--fp16", common.fp16),
+                                   ("--memory-efficient-bf16", common.memory_efficient_bf16), ("--bf16", common.bf16),
+                                   ("--amp", common.amp)) if on]  # fmt: skip
+    if not flags or (cuda and not common.cpu):
+        return None
+    why = "--cpu trains on the CPU" if cuda else "torch sees none on this machine"
+    return f"{flags[0]} needs a CUDA GPU, and {why}: leave out {flags[0]} to train in float32"
+
+
+def _refuse_half_precision_without_gpu(trainer_init):
+    """fairseq-train's half-precision flags fail without a CUDA GPU deep inside fairseq, or do
+    something else than they say: --fp16 in its optimizer (``Torch not compiled with CUDA
+    enabled``), --bf16 (which fairseq turns into --tpu) in ``get_tpu_device`` (``'NoneType' object
+    has no attribute 'xla_device'``), while --amp trains in float32 (autocast is off without CUDA)
+    and --memory-efficient-fp16 in emulated float16. Refuse them in one line before anything is
+    built; with a GPU nothing changes.
+
+    Call site: ``fairseq_cli.train.main`` (fairseq-train, and fairseq-hydra-train's ``pre_main``)
+    builds its ``Trainer(cfg, ...)``, which chooses the device and the precision."""
+
+    @functools.wraps(trainer_init)
+    def init_refusing_half_precision_without_gpu(self, cfg, *args, **kwargs):
+        xla = importlib.util.find_spec("torch_xla") is not None
+        problem = _half_precision_problem(getattr(cfg, "common", cfg), torch.cuda.is_available(), xla)
+        if problem is not None:
+            raise RealformerConfigError(problem)
+        trainer_init(self, cfg, *args, **kwargs)
+
+    return init_refusing_half_precision_without_gpu
+
+
+def _report_ignored_bf16(main):
+    """fairseq-generate and fairseq-interactive apply --fp16 to the models (``model.half()``) but
+    never --bf16: they translate in float32 without a word. Say so before they start.
+
+    Call site: ``cli_main`` calls ``main(args)`` (fairseq-generate) or hands ``main`` to
+    ``distributed_utils.call_main`` (fairseq-interactive), looking it up in its module."""
+
+    @functools.wraps(main)
+    def main_reporting_ignored_bf16(cfg, *args, **kwargs):
+        common = getattr(cfg, "common", cfg)
+        if getattr(common, "bf16", False):
+            flag = "--memory-efficient-bf16" if getattr(common, "memory_efficient_bf16", False) else "--bf16"
+            print(f"{_prog()}: warning: {flag} is ignored: {_prog()} translates in float32 "
+                  f"(in float16 with --fp16, on a GPU or a CPU)", file=sys.stderr, flush=True)  # fmt: skip
+        return main(cfg, *args, **kwargs)
+
+    return main_reporting_ignored_bf16
 
 
 def _prog() -> str:

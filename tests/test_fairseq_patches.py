@@ -3,11 +3,14 @@ patch whose call site fairseq changed fails loudly instead of silently doing not
 import sys
 import types
 
+import fairseq_cli.generate
+import fairseq_cli.interactive
 import numpy as np
 import pytest
 from fairseq import checkpoint_utils, hub_utils
 from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
+from fairseq.trainer import Trainer
 
 from fairseq_realformer import fairseq_patches
 
@@ -34,7 +37,7 @@ def test_every_index_is_batched_exactly_once_in_order(n, max_tokens, max_sentenc
 def patched_attributes():
     return [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint,
             checkpoint_utils.load_model_ensemble_and_task, hub_utils.from_pretrained, checkpoint_utils.load_checkpoint,
-            sys.excepthook]  # fmt: skip
+            Trainer.__init__, fairseq_cli.generate.main, fairseq_cli.interactive.main, sys.excepthook]  # fmt: skip
 
 
 def test_every_patch_is_installed_once():
