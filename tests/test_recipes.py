@@ -1,4 +1,5 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
+import gzip
 import json
 import re
 from pathlib import Path
@@ -316,15 +317,57 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
-def test_multi30k_tiny_run_on_the_real_data(tmp_path):
+def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
+    """benchmarks/quality.py --quick with one variant runs the recipe (its --tiny mode) on the real
+    data, German -> English, on every test set of the folder in both languages."""
     data_before = sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir())
-    stdout = run(Path(REPO) / "examples" / "multi30k" / "run.sh", "--tiny", MULTI30K, tmp_path).stdout
-    assert len((tmp_path / "spm" / "train.en").read_text().splitlines()) == 300  # first 300 lines only
-    assert "\u2581" in (tmp_path / "spm" / "train.de").read_text()  # sentencepiece pieces
-    scores = json.loads((tmp_path / "score" / "scores.json").read_text())
-    assert scores["sentences"] == 300 and scores["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
-    assert re.search(r"^sacreBLEU: \d+\.\d\d", stdout, re.M)
+    test_sets = sorted(p.name[: -len(".de.gz")] for p in MULTI30K.glob("test_*.de.gz")
+                       if (MULTI30K / p.name.replace(".de.gz", ".en.gz")).exists())  # fmt: skip
+    stdout = run(Path(REPO) / "benchmarks" / "quality.py", "--data", MULTI30K, "--quick", "--variants", "realformer",
+                 "--source-lang", "de", "--target-lang", "en", "--layers", "1", "--out", tmp_path / "quality",
+                 "--json", tmp_path / "quality.json").stdout  # fmt: skip
+    recipe = tmp_path / "quality" / "realformer"
+    assert (recipe / "test-sets").read_text().split() == [",".join(test_sets)]
+    assert len((recipe / "spm" / "train.de").read_text().splitlines()) == 300  # first 300 lines only
+    assert "\u2581" in (recipe / "spm" / "train.en").read_text()  # sentencepiece pieces
+    for i, name in enumerate(test_sets):
+        scores = json.loads((recipe / "score" / name / "scores.json").read_text())
+        with gzip.open(MULTI30K / f"{name}.en.gz", "rt", encoding="utf-8") as f:
+            english = [line.rstrip("\n") for line in f][:300]
+        assert scores["reference"] == str(recipe / f"{name}.en")  # English, the target
+        assert (recipe / f"{name}.en").read_text(encoding="utf-8").splitlines() == english
+        assert scores["sentences"] == len(english)
+        assert len((recipe / "score" / name / f"test{i or ''}.hyp.en").read_text().splitlines()) == len(english)
+
+    (result,) = json.loads((tmp_path / "quality.json").read_text())["runs"]
+    assert result["variant"] == "realformer" and list(result["test_sets"]) == test_sets
+    for name, score in result["test_sets"].items():
+        assert isinstance(score["sacrebleu"], float) and score["signature"].startswith("nrefs:1|case:mixed")
+        assert re.search(rf"^\| realformer \| .*{score['sacrebleu']:.2f}", stdout, re.M)
+    assert f"| variant | {' | '.join(test_sets)} | wall (s) |" in stdout and "Multi30k de→en" in stdout
     assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
+
+
+def test_multi30k_names_a_missing_language_or_test_set(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test_2016_flickr", "test_2017_flickr"):
+        for lang in ("en", "de") if split != "test_2017_flickr" else ("en",):
+            with gzip.open(data / f"{split}.{lang}.gz", "wt") as f:
+                f.write("a small dog\n")
+    recipe = Path(REPO) / "examples" / "multi30k" / "run.sh"
+    for flags, expected in [
+        (["--source-lang", "fr"], f"{data}/train.fr.gz not found (DATA_DIR, --source-lang/--target-lang)"),
+        (["--test-sets", "test_2016_flickr,test_2017_flickr"], f"{data}/test_2017_flickr.de.gz not found (--test-sets)"),
+        (["--target-lang", "es"], "--target-lang es: Multi30k's languages are en, de, fr and cs"),
+    ]:  # fmt: skip
+        result = run(recipe, *flags, data, tmp_path / "run", check=False)
+        assert (result.returncode, result.stderr) == (2, f"run.sh: error: {expected}\n")
+        assert not (tmp_path / "run").exists()
+    result = run(Path(REPO) / "benchmarks" / "quality.py", "--data", data, "--test-sets", "test_2017_flickr",
+                 "--out", tmp_path / "quality", check=False)  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"quality.py: error: {data}/test_2017_flickr.de.gz not found (--test-sets)"
 
 
 # --- binarize.py ----------------------------------------------------------------------------------
@@ -334,8 +377,6 @@ binarize = load_script("binarize")
 
 def test_binarize_encodes_and_binarises_every_split_once(tmp_path, capsys):
     """Raw .gz text in place, several test sets, the first lines only; a re-run keeps everything."""
-    import gzip
-
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
     words = "a man a woman a dog runs sits in the park on the street".split()
