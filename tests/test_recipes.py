@@ -1,7 +1,9 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
+import ast
 import gzip
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -314,6 +316,35 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
         assert re.search(rf"\] {re.escape(step)}: .* exists, skipped", stdout), stdout
     assert "fairseq_cli.train" not in stdout
     assert reported(stdout, "sacreBLEU") == reported(first, "sacreBLEU")
+
+
+def readme_block(language, containing):
+    """The README's fenced code block in *language* that contains *containing*."""
+    readme = (Path(REPO) / "README.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(rf"^```{language}\n(.*?)^```", readme, re.M | re.S) if containing in b]
+    return block
+
+
+def test_readme_python_api_and_interactive_examples_run_on_the_quickstart_output(quickstart, capsys):
+    """The README's Python example, exactly, with the --ci run's folder; then its fairseq-interactive
+    command on the same sentences: the same translations."""
+    run_dir, _, _ = quickstart
+    code = readme_block("python", "RealformerModel.from_pretrained")
+    assert code.count('run = "runs/quickstart"') == 1
+    exec(compile(code.replace('run = "runs/quickstart"', f'run = "{run_dir}"'), "README.md", "exec"), {})
+    one, several, sampled, *best = capsys.readouterr().out.splitlines()
+    several = ast.literal_eval(several)
+    assert len(several) == 2 and several[0] == one
+    assert len(best) == 4 and best[0].split(" ", 1)[1] == one
+    scores = [float(line.split(" ", 1)[0]) for line in best]
+    assert scores == sorted(scores, reverse=True)
+    assert all(text and "<unk>" not in text for text in (one, *several, sampled))
+
+    command = readme_block("bash", "fairseq-interactive").replace("runs/quickstart", str(run_dir))
+    program, *args = shlex.split(command.replace("\\\n", " "))
+    sentences = re.findall(r'"([^"]+\.)"', code)[1:3]  # the list translate() got
+    stdout = run(program, *args, stdin="".join(f"{s}\n" for s in sentences)).stdout
+    assert re.findall(r"^D-\d+\t\S+\t(.*)$", stdout, re.M) == several
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
