@@ -8,13 +8,19 @@ fairseq checkpoints contain, only while a checkpoint is loaded: ``guarded`` wrap
 (``fairseq_patches`` wraps fairseq's with it), ``read_checkpoint`` is the loader of our own
 scripts. Anything else is refused with a message that names the global and says how a user who
 trusts the file opts in.
+
+A file that cannot be a checkpoint (missing, empty, cut short by an interrupted save or copy, not
+written by ``torch.save``, or a torch file without fairseq's ``model`` and ``cfg``) is named with
+what is wrong with it (``DamagedCheckpointError``), instead of the error that torch or fairseq
+happens to raise deep inside (``EOFError``, ``KeyError: 101``, a zip reader's message).
 """
 import argparse
 import functools
 import importlib
 import os
 import pickle
-from typing import Callable, List
+import zipfile
+from typing import Callable, List, Optional
 
 import numpy
 import torch
@@ -26,6 +32,16 @@ ALLOW_ENV = "REALFORMER_ALLOW_GLOBALS"
 
 class UntrustedCheckpointError(RealformerConfigError, pickle.UnpicklingError):
     """A checkpoint holds a global that fairseq checkpoints do not contain."""
+
+
+class DamagedCheckpointError(RealformerConfigError):
+    """A checkpoint file that is missing, empty, cut short, not a torch file, or not fairseq's."""
+
+
+# How torch.save's files begin: a zip archive (torch >= 1.6), or the legacy format's pickled
+# magic number (torch.serialization._legacy_save, pickle protocol 2).
+_ZIP_START = b"PK\x03\x04"
+_LEGACY_START = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)
 
 
 def _numpy_globals() -> List[object]:
@@ -60,6 +76,72 @@ def allowed_globals() -> List[object]:
     return [argparse.Namespace, *_numpy_globals(), *_user_allowed_globals()]
 
 
+def missing(path) -> DamagedCheckpointError:
+    """The error for a checkpoint path where there is no file."""
+    return DamagedCheckpointError(f"{path}: no such checkpoint file")
+
+
+def _file_damage(path) -> Optional[RealformerConfigError]:
+    """What is wrong with the file itself, before anything is unpickled; None when it is a
+    complete torch file (a zip archive with its central directory, or the legacy format)."""
+    unreadable = f"{path} is not a readable torch checkpoint"
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            start = f.read(len(_LEGACY_START))
+    except FileNotFoundError:
+        return missing(path)
+    except OSError as e:
+        return DamagedCheckpointError(f"{unreadable}: {e.strerror}")
+    if size == 0:
+        return DamagedCheckpointError(f"{unreadable}: it is empty (0 bytes), as an interrupted save or copy leaves it")
+    if start.startswith(_ZIP_START):
+        if not zipfile.is_zipfile(path):  # the zip's directory is at its end: a file cut short lacks it
+            return DamagedCheckpointError(f"{unreadable}: it is truncated, a torch zip archive cut short at "
+                                          f"{size} bytes (an interrupted save or copy?)")  # fmt: skip
+        return None
+    if start == _LEGACY_START:
+        return None
+    return DamagedCheckpointError(f"{unreadable}: torch.save did not write it ({size} bytes starting {start[:8]!r})")
+
+
+def _not_fairseq(path, state) -> Optional[DamagedCheckpointError]:
+    """A loaded torch object that is not a fairseq checkpoint (a dict with the model's
+    parameters under 'model' and its configuration under 'cfg', or 'args' before fairseq 0.10)."""
+    if isinstance(state, dict) and "model" in state and (state.get("cfg") is not None or state.get("args") is not None):
+        return None
+    if isinstance(state, dict) and state and all(torch.is_tensor(v) for v in state.values()):
+        holds = f"a dict of {len(state)} tensor{'s' * (len(state) != 1)} only (a model's bare state_dict?)"
+    elif isinstance(state, dict):
+        keys = [repr(k) for k in list(state)[:5]] + (["..."] if len(state) > 5 else [])
+        holds = f"a dict with keys {', '.join(keys)}" if keys else "an empty dict"
+    else:
+        holds = f"a {type(state).__name__}"
+    return DamagedCheckpointError(f"{path} is a torch file but not a fairseq checkpoint (no 'model' with its "
+                                  f"'cfg'): it holds {holds}")  # fmt: skip
+
+
+def _why_not_loaded(path, error: Exception) -> Optional[RealformerConfigError]:
+    """Why *path* could not be loaded, when the reason lies in the file: damaged, not a
+    checkpoint, or holding globals outside the allow-list. None: the file is a sound fairseq
+    checkpoint, and *error* has another cause."""
+    if not isinstance(path, (str, os.PathLike)) or "://" in str(path):
+        return None  # a file object, or a remote path that fairseq's PathManager resolves
+    damage = _file_damage(path)
+    if damage is not None:
+        return damage
+    if isinstance(error, pickle.UnpicklingError):
+        return _refusal(path, error)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        return _refusal(path, e)
+    except Exception as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return DamagedCheckpointError(f"{path} is not a readable torch checkpoint: {message}")
+    return _not_fairseq(path, state)
+
+
 def _refusal(path, error: Exception) -> RealformerConfigError:
     """Why *path* was not loaded: not a torch checkpoint at all, or which globals it holds."""
     try:
@@ -79,23 +161,36 @@ def _refusal(path, error: Exception) -> RealformerConfigError:
 
 
 def guarded(load: Callable) -> Callable:
-    """Wrap a loader whose first argument is a checkpoint path."""
+    """Wrap a loader whose first argument is a checkpoint path and which returns the checkpoint:
+    fairseq's globals are allowed while it runs, and a file that cannot be a fairseq checkpoint
+    raises a ``RealformerConfigError`` that says what is wrong with it."""
 
     @functools.wraps(load)
     def load_with_allowed_globals(path, *args, **kwargs):
         with torch.serialization.safe_globals(allowed_globals()):
             try:
-                return load(path, *args, **kwargs)
-            except pickle.UnpicklingError as e:
-                if isinstance(e, RealformerConfigError):
+                state = load(path, *args, **kwargs)
+            except (RealformerConfigError, MemoryError):
+                raise
+            except Exception as error:
+                reason = _why_not_loaded(path, error)
+                if reason is None:
                     raise
-                raise _refusal(path, e) from None
+                raise reason from None
+        problem = _not_fairseq(path, state)
+        if problem is not None:
+            raise problem
+        return state
 
     return load_with_allowed_globals
 
 
 @guarded
-def read_checkpoint(path, map_location="cpu"):
-    """``torch.load`` a fairseq checkpoint file as fairseq would, safely (for our own scripts)."""
+def read_checkpoint(path, map_location="cpu", mmap=False):
+    """``torch.load`` a fairseq checkpoint file as fairseq would, safely (for our own scripts).
+    With *mmap*, a zip-format file's tensors are mapped, not read: a cheap check that the file
+    loads."""
+    if mmap and zipfile.is_zipfile(path):
+        return torch.load(path, map_location=map_location, mmap=True)
     with open(path, "rb") as f:
         return torch.load(f, map_location=map_location)

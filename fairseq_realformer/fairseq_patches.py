@@ -13,23 +13,35 @@ patch                  replaces                          for
 keep the last batch    data_utils.batch_by_size          fairseq #5036: generate/validate
                                                          drop sentences
 checkpoint allow-list  checkpoint_utils                  torch.load(weights_only=True) of
-                       .load_checkpoint_to_cpu,          fairseq checkpoints, protection on
-                       .load_ema_from_checkpoint
-ADMIN's ω from data    checkpoint_utils.load_checkpoint  --admin-init profile/--admin-init-path
-                                                         before the optimizer exists
+                       .load_checkpoint_to_cpu,          fairseq checkpoints, protection on;
+                       .load_ema_from_checkpoint         damaged files named (checkpoints.py)
+missing checkpoints    checkpoint_utils                  fairseq-generate/-interactive, the
+                       .load_model_ensemble_and_task,    hub: a missing file or folder named
+                       hub_utils.from_pretrained         in one line
+fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file that does not exist;
+                                                         ADMIN's ω from data before the
+                                                         optimizer exists
+half precision         Trainer.__init__                  --fp16/--bf16/--amp without a GPU:
+                                                         one line, not a deep traceback
+ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
+                       fairseq_cli.interactive.main      float32
 one-line errors        sys.excepthook                    RealformerConfigError as one line
 =====================  ================================  =====================================
 """
 import functools
+import importlib.util
+import inspect
 import os
 import sys
 from types import FunctionType, ModuleType
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
-from fairseq import checkpoint_utils
+import torch
+from fairseq import checkpoint_utils, hub_utils
 from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
+from fairseq.file_io import PathManager
 
 from . import checkpoints
 from .errors import RealformerConfigError
@@ -41,7 +53,10 @@ MARKER = "__patched_by_realformer__"
 def install() -> None:
     """Install every patch (idempotent: a second import of the plugin changes nothing)."""
     import fairseq.trainer  # the call sites' modules (cheap once fairseq is imported)
+    import fairseq_cli.generate
+    import fairseq_cli.interactive
     import fairseq_cli.train
+    from fairseq.models import BaseFairseqModel
     from fairseq.models.ema import EMA
 
     _patch(data_utils, "batch_by_size", _keep_last_batch, call_sites=[FairseqDataset.batch_by_size])
@@ -49,22 +64,35 @@ def install() -> None:
     _patch(checkpoint_utils, "load_checkpoint_to_cpu", checkpoints.guarded,
            call_sites=[fairseq.trainer.Trainer.load_checkpoint, checkpoint_utils.load_model_ensemble_and_task])  # fmt: skip
     _patch(checkpoint_utils, "load_ema_from_checkpoint", checkpoints.guarded, call_sites=[EMA.__init__])
-    _patch(checkpoint_utils, "load_checkpoint", _initialize_admin_after_loading, call_sites=[fairseq_cli.train.main])
+    _patch(checkpoint_utils, "load_model_ensemble_and_task", _name_missing_checkpoints,
+           call_sites=[checkpoint_utils.load_model_ensemble, hub_utils.from_pretrained])  # fmt: skip
+    _patch(hub_utils, "from_pretrained", _name_missing_folders, call_sites=[BaseFairseqModel.from_pretrained])
+    _patch(checkpoint_utils, "load_checkpoint", lambda load: _initialize_admin_after_loading(_refuse_missing_restore_file(load)),
+           call_sites=[fairseq_cli.train.main])  # fmt: skip
+    _patch(fairseq.trainer.Trainer, "__init__", _refuse_half_precision_without_gpu, call_sites=[fairseq_cli.train.main])
+    for cli in (fairseq_cli.generate, fairseq_cli.interactive):
+        _patch(cli, "main", _report_ignored_bf16, call_sites=[cli.cli_main])
     _patch(sys, "excepthook", _one_line_errors, call_sites=[])
 
 
-def _patch(owner: ModuleType, name: str, wrap: Callable[[Callable], Callable], call_sites: Sequence[FunctionType]):
+def _patch(owner: Union[ModuleType, type], name: str, wrap: Callable[[Callable], Callable],
+           call_sites: Sequence[FunctionType]):  # fmt: skip
     """Replace ``owner.name`` by ``wrap(owner.name)``, once. Each function of *call_sites* must
-    look ``name`` up on *owner* when it runs (``owner_alias.name(...)``, or ``name(...)`` inside
-    *owner* itself), or the replacement would never be called there: that raises ImportError."""
+    look ``name`` up on *owner* when it runs (``owner_alias.name(...)``; ``name(...)`` inside
+    *owner* itself; ``from package import owner`` inside the function; or, for a class's
+    ``__init__``, calling the class), or the replacement would never be called there: that
+    raises ImportError."""
     original = getattr(owner, name, None)
     if original is None:
         raise ImportError(f"fairseq_realformer: {owner.__name__}.{name} no longer exists in this fairseq; "
                           f"the plugin's patch of it cannot be installed")  # fmt: skip
     for site in call_sites:
         site = getattr(site, "__wrapped__", site)
-        looked_up_on_owner = site.__globals__ is vars(owner) or any(v is owner for v in site.__globals__.values())
-        if not (looked_up_on_owner and name in site.__code__.co_names):
+        code, short_name = site.__code__, owner.__name__.rpartition(".")[2]
+        looked_up_on_owner = (site.__globals__ is vars(owner) or any(v is owner for v in site.__globals__.values())
+                              or short_name in code.co_varnames and short_name in code.co_names)  # fmt: skip
+        called = short_name if isinstance(owner, type) and name == "__init__" else name
+        if not (looked_up_on_owner and called in code.co_names):
             raise ImportError(f"fairseq_realformer: {site.__module__}.{site.__qualname__} no longer calls "
                               f"{owner.__name__}.{name}; the plugin's patch of it would never run there")  # fmt: skip
     if getattr(original, MARKER, False):
@@ -134,6 +162,151 @@ def _first_batch_of_this_rank(trainer, epoch_itr):
     return sample
 
 
+def _name_missing_checkpoints(load_model_ensemble_and_task):
+    """fairseq-generate, fairseq-interactive and the hub stop on a checkpoint path that does not
+    exist with a traceback (``OSError: Model file not found``). Name the file in one line instead
+    (a damaged file is named by the loader: ``checkpoints.guarded``).
+
+    Call site: ``checkpoint_utils.load_model_ensemble`` (fairseq-generate, fairseq-interactive)
+    and ``hub_utils.from_pretrained`` call it with the checkpoint paths; each shard's file name is
+    fairseq's own ``get_maybe_sharded_checkpoint_filename``. If fairseq renamed these arguments,
+    nothing is checked here and fairseq's own check (a traceback) runs as before."""
+    signature = inspect.signature(load_model_ensemble_and_task)
+
+    @functools.wraps(load_model_ensemble_and_task)
+    def load_naming_missing_checkpoints(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        filenames, suffix, num_shards = (call.arguments.get(k, d) for k, d in (("filenames", []), ("suffix", ""), ("num_shards", 1)))  # fmt: skip
+        for filename in filenames:
+            for shard in range(num_shards):
+                path = checkpoint_utils.get_maybe_sharded_checkpoint_filename(filename, suffix, shard, num_shards)
+                if not PathManager.exists(path):
+                    raise checkpoints.missing(path)
+        return load_model_ensemble_and_task(*args, **kwargs)
+
+    return load_naming_missing_checkpoints
+
+
+def _name_missing_folders(from_pretrained):
+    """``from_pretrained`` with a model or data folder that does not exist fails with
+    ``TypeError: expected str ... not NoneType`` (fairseq's ``load_archive_file`` returns None for
+    it). Name the folder in one line instead. Names of fairseq's published models (the
+    *archive_map*) and URLs are left to fairseq.
+
+    Call site: ``BaseFairseqModel.from_pretrained`` (every model's, ``RealformerModel``'s too)
+    imports ``hub_utils`` and calls ``hub_utils.from_pretrained``."""
+    signature = inspect.signature(from_pretrained)
+
+    @functools.wraps(from_pretrained)
+    def from_pretrained_naming_missing_folders(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        archive_map = call.arguments.get("archive_map") or {}
+
+        def local(location):
+            return isinstance(location, str) and location not in archive_map and "://" not in location
+
+        model, data = call.arguments.get("model_name_or_path"), call.arguments.get("data_name_or_path")
+        if local(model) and not os.path.exists(model):
+            raise RealformerConfigError(f"from_pretrained: model_name_or_path {model}: no such folder")
+        if local(data) and data.startswith(".") and local(model):
+            data = os.path.join(model, data)  # fairseq reads a data path starting with '.' in the model folder
+        if local(data) and not os.path.exists(data):
+            raise RealformerConfigError(f"from_pretrained: data_name_or_path {data}: no such folder")
+        return from_pretrained(*args, **kwargs)
+
+    return from_pretrained_naming_missing_folders
+
+
+def _refuse_missing_restore_file(load_checkpoint):
+    """fairseq-train with ``--restore-file FILE`` that does not exist trains from scratch, saying
+    only "No existing checkpoint found" in its log: a typo costs a training run. The default,
+    ``SAVE_DIR/checkpoint_last.pt``, may be missing (a first launch); a file the user named may
+    not.
+
+    Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.load_checkpoint(cfg.checkpoint,
+    trainer)``, which loads ``cfg.restore_file`` with the trainer's ``checkpoint_suffix`` before
+    '.pt', unless it is the default name ``checkpoint_last.pt``."""
+
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_refusing_a_missing_restore_file(cfg, trainer, **kwargs):
+        if cfg.restore_file != "checkpoint_last.pt":
+            path = cfg.restore_file.replace(".pt", (trainer.checkpoint_suffix or "") + ".pt")
+            if not PathManager.isfile(path):
+                raise RealformerConfigError(f"--restore-file {path}: no such checkpoint file "
+                                            f"(fairseq-train would train from scratch)")  # fmt: skip
+        return load_checkpoint(cfg, trainer, **kwargs)
+
+    return load_checkpoint_refusing_a_missing_restore_file
+
+
+def _half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:
+    """Why fairseq-train cannot train with the precision flags of *common* (fairseq's
+    ``cfg.common``, or its argparse namespace) on this machine, or None. *cuda*: torch sees a CUDA
+    GPU; *xla*: torch_xla is installed."""
+    if common.tpu:  # fairseq-train's --bf16 turns on --tpu: a TPU run through torch_xla
+        if common.bf16 and not xla:
+            flag = "--memory-efficient-bf16" if common.memory_efficient_bf16 else "--bf16"
+            instead = "on a GPU use --fp16 or --amp instead" if cuda else "leave it out to train in float32"
+            return (f"{flag} makes fairseq-train train on a TPU (fairseq turns on --tpu with it), which needs "
+                    f"torch_xla, not installed here: {instead}")  # fmt: skip
+        return None
+    flags = [flag for flag, on in (("--memory-efficient-fp16", common.memory_efficient_fp16), ("--fp16", common.fp16),
+                                   ("--memory-efficient-bf16", common.memory_efficient_bf16), ("--bf16", common.bf16),
+                                   ("--amp", common.amp)) if on]  # fmt: skip
+    if not flags or (cuda and not common.cpu):
+        return None
+    why = "--cpu trains on the CPU" if cuda else "torch sees none on this machine"
+    return f"{flags[0]} needs a CUDA GPU, and {why}: leave out {flags[0]} to train in float32"
+
+
+def _refuse_half_precision_without_gpu(trainer_init):
+    """fairseq-train's half-precision flags fail without a CUDA GPU deep inside fairseq, or do
+    something else than they say: --fp16 in its optimizer (``Torch not compiled with CUDA
+    enabled``), --bf16 (which fairseq turns into --tpu) in ``get_tpu_device`` (``'NoneType' object
+    has no attribute 'xla_device'``), while --amp trains in float32 (autocast is off without CUDA)
+    and --memory-efficient-fp16 in emulated float16. Refuse them in one line before anything is
+    built; with a GPU nothing changes.
+
+    Call site: ``fairseq_cli.train.main`` (fairseq-train, and fairseq-hydra-train's ``pre_main``)
+    builds its ``Trainer(cfg, ...)``, which chooses the device and the precision."""
+
+    @functools.wraps(trainer_init)
+    def init_refusing_half_precision_without_gpu(self, cfg, *args, **kwargs):
+        xla = importlib.util.find_spec("torch_xla") is not None
+        problem = _half_precision_problem(getattr(cfg, "common", cfg), torch.cuda.is_available(), xla)
+        if problem is not None:
+            raise RealformerConfigError(problem)
+        trainer_init(self, cfg, *args, **kwargs)
+
+    return init_refusing_half_precision_without_gpu
+
+
+def _report_ignored_bf16(main):
+    """fairseq-generate and fairseq-interactive apply --fp16 to the models (``model.half()``) but
+    never --bf16: they translate in float32 without a word. Say so before they start.
+
+    Call site: ``cli_main`` calls ``main(args)`` (fairseq-generate) or hands ``main`` to
+    ``distributed_utils.call_main`` (fairseq-interactive), looking it up in its module."""
+
+    @functools.wraps(main)
+    def main_reporting_ignored_bf16(cfg, *args, **kwargs):
+        common = getattr(cfg, "common", cfg)
+        if getattr(common, "bf16", False):
+            flag = "--memory-efficient-bf16" if getattr(common, "memory_efficient_bf16", False) else "--bf16"
+            print(f"{_prog()}: warning: {flag} is ignored: {_prog()} translates in float32 "
+                  f"(in float16 with --fp16, on a GPU or a CPU)", file=sys.stderr, flush=True)  # fmt: skip
+        return main(cfg, *args, **kwargs)
+
+    return main_reporting_ignored_bf16
+
+
+def _prog() -> str:
+    """The command being run, as the user typed it (fairseq-train, translate.py, ...)."""
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c") else "python"
+
+
 def _one_line_errors(previous_hook):
     """fairseq's CLIs let exceptions from model construction escape as deep tracebacks; for
     mistakes the user fixes by changing a flag or a file (``RealformerConfigError``), the
@@ -142,8 +315,7 @@ def _one_line_errors(previous_hook):
 
     def print_config_errors_as_one_line(exc_type, exc, tb):
         if issubclass(exc_type, RealformerConfigError):
-            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fairseq"
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            print(f"{_prog()}: error: {exc}", file=sys.stderr)
             return
         previous_hook(exc_type, exc, tb)
 

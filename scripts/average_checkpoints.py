@@ -102,12 +102,10 @@ def load(path):
 
     try:
         state = read_checkpoint(path)
-    except RealformerConfigError as e:  # not a checkpoint, or a global outside the allow-list
+    except RealformerConfigError as e:  # missing, damaged, not fairseq's, or a global outside the allow-list
         raise UserError(str(e)) from None
-    except (OSError, RuntimeError, EOFError) as e:
-        raise UserError(f"cannot read checkpoint {path}: {e}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise UserError(f"{path} is not a fairseq checkpoint (it has no 'model' state dict)")
+    if not isinstance(state["model"], dict):
+        raise UserError(f"{path}: its 'model' is a {type(state['model']).__name__}, not a state dict")
     for name, value in state["model"].items():
         if not torch.is_tensor(value):
             raise UserError(f"{path}: model entry {name} is a {type(value).__name__}, not a tensor")

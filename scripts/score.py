@@ -17,11 +17,17 @@ fairseq-generate output, the hypotheses in corpus order (detokenized: SUBSET.hyp
 SUBSET.hyp.tok.LANG), the tokenized references and scores.txt/scores.json. (The BLEU4 line at the
 end of fairseq-generate's output is computed on BPE pieces: not a score to report.)
 
+Before translating it checks what would otherwise fail afterwards: the reference exists and has as
+many lines as the split has sentences, --output-dir can be written and overwrites no input, the
+checkpoint loads. Everything is written to a temporary folder and moved into --output-dir at the
+end: a run that fails or is interrupted leaves nothing there.
+
 Scoring only: --hypotheses FILE (detokenized, one per reference line) skips generation; its
 tokenized BLEU then Moses-tokenizes hypotheses and reference (--detok moses) or takes them as
 they are (--detok none). --generate-output FILE scores a fairseq-generate output already written.
 """
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -29,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 PROG = "score.py"
 RESULT_LINE = re.compile(r"^([A-Z])-(\d+)\t(.*)$")  # S-/T-/H-/D-/P-<id>\t... of fairseq-generate
@@ -81,6 +88,85 @@ def in_order(by_id, what, source):
     return [by_id[i] for i in range(len(by_id))]
 
 
+def split_size(data, subset, src, tgt):
+    """Sentences in the binarised split *subset* of *data*, found where fairseq's translation
+    task looks for it (the first folder of a DATA1:DATA2 list; either direction of the pair)."""
+    from fairseq.data import data_utils
+
+    folder = data.split(os.pathsep)[0]
+    for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
+        dataset = data_utils.load_indexed_dataset(os.path.join(folder, f"{subset}.{pair}.{src}"), None)
+        if dataset is not None:
+            return len(dataset)
+    raise UserError(f"--data {data}: no {subset} split of {src}-{tgt} there ({subset}.{src}-{tgt}.{src}.idx)")
+
+
+def check_checkpoints(paths):
+    """Every checkpoint of --checkpoint (A.pt:B.pt for an ensemble) loads: tensors are mapped,
+    not read, so a large checkpoint costs little here."""
+    from fairseq_realformer.checkpoints import read_checkpoint
+    from fairseq_realformer.errors import RealformerConfigError
+
+    for path in paths.split(os.pathsep):
+        try:
+            read_checkpoint(path, mmap=True)
+        except RealformerConfigError as e:  # missing, damaged, not fairseq's, an unknown global
+            raise UserError(f"--checkpoint {e}") from None
+
+
+def nearest_existing(folder):
+    path = os.path.abspath(folder)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def check_output_dir(folder, names, inputs):
+    """--output-dir can be created or written, and none of the files *names* it will hold is an
+    input. Nothing is created yet."""
+    existing = nearest_existing(folder)
+    if not os.path.isdir(existing):
+        raise UserError(f"--output-dir {folder}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--output-dir {folder}: {existing} is not writable")
+    for name in names:
+        if os.path.realpath(os.path.join(folder, name)) in inputs:
+            raise UserError(f"--output-dir would overwrite the input {os.path.join(folder, name)}; choose another folder")
+
+
+@contextlib.contextmanager
+def staged(folder):
+    """A temporary folder whose files move into *folder* only when the block succeeds: a failed
+    or interrupted run leaves no partial output, nor a new empty folder. A new *folder* appears
+    in one step (a rename); into an existing one the scores move last, so that scores.txt marks
+    a finished run."""
+    stage = tempfile.mkdtemp(prefix=".score-", dir=nearest_existing(folder))
+    try:
+        yield stage
+        if os.path.isdir(folder):
+            for name in sorted(os.listdir(stage), key=lambda name: name.startswith("scores.")):
+                os.replace(os.path.join(stage, name), os.path.join(folder, name))
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes it private; give it a new folder's permissions
+            os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
+            os.replace(stage, folder)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def output_names(args):
+    """The files score.py writes to --output-dir."""
+    names = ["scores.txt", "scores.json"]
+    if not args.hypotheses:
+        subset, lang = args.gen_subset, args.target_lang
+        names += [f"{subset}.hyp.{lang}", f"{subset}.hyp.tok.{lang}", f"{subset}.ref.tok.{lang}"]
+        if not args.generate_output:
+            names.append(f"generate-{subset}.txt")
+    return names
+
+
 def run_generate(args, extra, log_path):
     """Run fairseq-generate: its results (stdout) to log_path, its log and progress to stderr."""
     tool = shutil.which("fairseq-generate", path=os.path.dirname(sys.executable)) or shutil.which("fairseq-generate")
@@ -92,7 +178,7 @@ def run_generate(args, extra, log_path):
     print(f"{PROG}: {' '.join(cmd)}", file=sys.stderr, flush=True)
     with open(log_path, "w", encoding="utf-8") as log:
         if subprocess.run(cmd, stdout=log).returncode != 0:
-            raise UserError(f"fairseq-generate failed; its results so far are in {log_path}")
+            raise UserError("fairseq-generate failed (its error is above); nothing was written")
     return read_lines(log_path, "fairseq-generate output")
 
 
@@ -111,9 +197,7 @@ def bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok):
     return (sacre.corpus_score(hyp_detok, [ref_raw]), sacre.get_signature(), split, tokenized.get_signature())
 
 
-def write_lines(path, lines, inputs):
-    if os.path.realpath(path) in inputs:
-        raise UserError(f"--output-dir would overwrite the input {path}; choose another folder")
+def write_lines(path, lines):
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(line + "\n" for line in lines)
 
@@ -158,9 +242,10 @@ def parse_args(argv):
     return args, extra
 
 
-def hypotheses_and_references(args, extra, ref_raw):
+def hypotheses_and_references(args, extra, ref_raw, stage):
     """(where the hypotheses come from, detokenized hypotheses, tokenized hypotheses, tokenized
-    references, what the tokenized references are), all in corpus order."""
+    references, what the tokenized references are), all in corpus order. fairseq-generate's
+    output goes to the folder *stage*."""
     tokenizer, detokenizer = moses(args.target_lang) if args.detok == "moses" else (None, None)
     if args.hypotheses:
         hyp_detok = read_lines(args.hypotheses, "--hypotheses")
@@ -170,8 +255,8 @@ def hypotheses_and_references(args, extra, ref_raw):
     if args.generate_output:
         source, lines = args.generate_output, read_lines(args.generate_output, "--generate-output")
     else:
-        source = os.path.join(args.output_dir, f"generate-{args.gen_subset}.txt")
-        lines = run_generate(args, extra, source)
+        source = os.path.join(args.output_dir, f"generate-{args.gen_subset}.txt")  # where it will be
+        lines = run_generate(args, extra, os.path.join(stage, os.path.basename(source)))
     hyps, refs = parse_generate_output(lines, args.bpe)
     hyp_tok = in_order(hyps, "hypothesis (H-)", source)
     ref_tok = in_order(refs, "reference (T-)", source) if refs else []
@@ -183,32 +268,41 @@ def hypotheses_and_references(args, extra, ref_raw):
 
 def main(argv=None):
     args, extra = parse_args(argv)
+    generating = not (args.hypotheses or args.generate_output)
     try:
+        # what would otherwise fail after minutes of translation, first
         ref_raw = read_lines(args.reference, "--reference")
         inputs = {os.path.realpath(p) for p in (args.reference, args.hypotheses, args.generate_output) if p}
         if args.output_dir:
-            os.makedirs(args.output_dir, exist_ok=True)
-        source, hyp_detok, hyp_tok, ref_tok, tok_ref_what = hypotheses_and_references(args, extra, ref_raw)
-        if len(hyp_detok) != len(ref_raw):
-            raise UserError(f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines")
-        sacre, sacre_sig, split, split_sig = bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok)
-        report = [
-            f"sacreBLEU: {sacre.score:.2f} ({sacre_sig}) detokenized hypotheses vs raw reference {args.reference}",
-            f"  {sacre}",
-            f"compound-split BLEU: {split.score:.2f} ({split_sig}) tokenized hypotheses vs {tok_ref_what}, "
-            f"compounds split a ##AT##-##AT## b as fairseq's compound_split_bleu.sh; not comparable with sacreBLEU",
-            f"  {split}",
-        ]  # fmt: skip
-        if args.output_dir:
-            if not args.hypotheses:
-                write_lines(os.path.join(args.output_dir, f"{args.gen_subset}.hyp.{args.target_lang}"), hyp_detok, inputs)
-                write_lines(os.path.join(args.output_dir, f"{args.gen_subset}.hyp.tok.{args.target_lang}"), hyp_tok, inputs)
-                write_lines(os.path.join(args.output_dir, f"{args.gen_subset}.ref.tok.{args.target_lang}"), ref_tok, inputs)
-            write_lines(os.path.join(args.output_dir, "scores.txt"), report, inputs)
-            scores = {"sacrebleu": sacre.score, "sacrebleu_signature": str(sacre_sig),
-                      "compound_split_bleu": split.score, "compound_split_signature": str(split_sig),
-                      "sentences": len(hyp_detok), "reference": args.reference}  # fmt: skip
-            write_lines(os.path.join(args.output_dir, "scores.json"), [json.dumps(scores, indent=1)], inputs)
+            check_output_dir(args.output_dir, output_names(args), inputs)
+        if generating:
+            sentences = split_size(args.data, args.gen_subset, args.source_lang, args.target_lang)
+            if sentences != len(ref_raw):
+                raise UserError(f"--reference {args.reference} has {len(ref_raw)} lines, but the {args.gen_subset} "
+                                f"split of --data {args.data} has {sentences} sentences")  # fmt: skip
+            check_checkpoints(args.checkpoint)
+        with staged(args.output_dir) if args.output_dir else contextlib.nullcontext() as stage:
+            source, hyp_detok, hyp_tok, ref_tok, tok_ref_what = hypotheses_and_references(args, extra, ref_raw, stage)
+            if len(hyp_detok) != len(ref_raw):
+                raise UserError(f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines")
+            sacre, sacre_sig, split, split_sig = bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok)
+            report = [
+                f"sacreBLEU: {sacre.score:.2f} ({sacre_sig}) detokenized hypotheses vs raw reference {args.reference}",
+                f"  {sacre}",
+                f"compound-split BLEU: {split.score:.2f} ({split_sig}) tokenized hypotheses vs {tok_ref_what}, "
+                f"compounds split a ##AT##-##AT## b as fairseq's compound_split_bleu.sh; not comparable with sacreBLEU",
+                f"  {split}",
+            ]  # fmt: skip
+            if stage:
+                if not args.hypotheses:
+                    write_lines(os.path.join(stage, f"{args.gen_subset}.hyp.{args.target_lang}"), hyp_detok)
+                    write_lines(os.path.join(stage, f"{args.gen_subset}.hyp.tok.{args.target_lang}"), hyp_tok)
+                    write_lines(os.path.join(stage, f"{args.gen_subset}.ref.tok.{args.target_lang}"), ref_tok)
+                write_lines(os.path.join(stage, "scores.txt"), report)
+                scores = {"sacrebleu": sacre.score, "sacrebleu_signature": str(sacre_sig),
+                          "compound_split_bleu": split.score, "compound_split_signature": str(split_sig),
+                          "sentences": len(hyp_detok), "reference": args.reference}  # fmt: skip
+                write_lines(os.path.join(stage, "scores.json"), [json.dumps(scores, indent=1)])
     except UserError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -216,4 +310,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # Run from a checkout without installing: the repository's plugin is the fallback.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

@@ -1,4 +1,6 @@
-"""Running fairseq's command-line tools the way a user does, on a toy corpus."""
+"""Running fairseq's command-line tools and the project's scripts the way a user does, on a toy
+corpus."""
+import importlib.util
 import json
 import os
 import random
@@ -7,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .helpers import REPO, USER_DIR
 
 BIN = Path(sys.executable).parent
+SCRIPTS = Path(REPO) / "scripts"
 N_TEST = 21  # not a multiple of 8: fairseq's batching would drop sentences without our fix
 TINY = [
     "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
@@ -56,6 +61,24 @@ def run(program, *args, cwd=REPO, stdin=None, check=True, timeout=900):
     if check and result.returncode != 0:
         raise AssertionError(f"{program} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
+
+
+def load_script(name):
+    """scripts/NAME.py as a module, to call its main in-process."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cli_error(capsys, main, *argv):
+    """Run a script's main in-process; return its one-line error (it must exit with status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) >= 1 and "Traceback" not in "\n".join(lines)
+    return lines[-1]
 
 
 def popen(program, *args, cwd):

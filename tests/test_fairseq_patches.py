@@ -3,11 +3,14 @@ patch whose call site fairseq changed fails loudly instead of silently doing not
 import sys
 import types
 
+import fairseq_cli.generate
+import fairseq_cli.interactive
 import numpy as np
 import pytest
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, hub_utils
 from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
+from fairseq.trainer import Trainer
 
 from fairseq_realformer import fairseq_patches
 
@@ -31,13 +34,17 @@ def test_every_index_is_batched_exactly_once_in_order(n, max_tokens, max_sentenc
             assert len(batch) * lengths[batch].max() <= max_tokens
 
 
+def patched_attributes():
+    return [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint,
+            checkpoint_utils.load_model_ensemble_and_task, hub_utils.from_pretrained, checkpoint_utils.load_checkpoint,
+            Trainer.__init__, fairseq_cli.generate.main, fairseq_cli.interactive.main, sys.excepthook]  # fmt: skip
+
+
 def test_every_patch_is_installed_once():
-    patched = [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu,
-               checkpoint_utils.load_ema_from_checkpoint, checkpoint_utils.load_checkpoint, sys.excepthook]  # fmt: skip
+    patched = patched_attributes()
     assert all(getattr(f, fairseq_patches.MARKER, False) for f in patched)
     fairseq_patches.install()  # a second import of the plugin
-    assert [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint,
-            checkpoint_utils.load_checkpoint, sys.excepthook] == patched  # fmt: skip
+    assert patched_attributes() == patched
     assert data_utils.batch_by_size.__wrapped__.__name__ == "batch_by_size"  # wraps fairseq's, not ours
 
 
@@ -53,3 +60,39 @@ def test_a_call_site_that_no_longer_calls_the_patched_function_fails_loudly():
         fairseq_patches._patch(fairseq_module, "load", lambda f: f, call_sites=[imported_it_directly])
     with pytest.raises(ImportError, match="fake_fairseq_module.gone no longer exists"):
         fairseq_patches._patch(fairseq_module, "gone", lambda f: f, call_sites=[])
+
+
+def test_call_sites_that_import_the_module_inside_or_call_the_class_are_recognised(monkeypatch):
+    """hub_utils.from_pretrained is reached through ``from fairseq import hub_utils`` inside the
+    calling function; a Trainer's __init__ by calling ``Trainer(...)``."""
+    package, module = types.ModuleType("fake_package"), types.ModuleType("fake_package.fairseq_module")
+    module.load, package.fairseq_module = (lambda path: path), module
+    monkeypatch.setitem(sys.modules, "fake_package", package)
+    monkeypatch.setitem(sys.modules, "fake_package.fairseq_module", module)
+    fairseq_patches._patch(module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[_imports_the_module_inside])
+    assert _imports_the_module_inside("x") == "x!"
+
+    fairseq_patches._patch(_Built, "__init__", lambda init: (lambda self: setattr(self, "how", "patched")),
+                           call_sites=[_builds])  # fmt: skip
+    assert _builds().how == "patched"
+    with pytest.raises(ImportError, match="_does_not_build no longer calls _Built.__init__"):
+        fairseq_patches._patch(_Built, "__init__", lambda init: init, call_sites=[_does_not_build])
+
+
+def _imports_the_module_inside(path):
+    from fake_package import fairseq_module
+
+    return fairseq_module.load(path)
+
+
+class _Built:
+    def __init__(self):
+        self.how = "original"
+
+
+def _builds():
+    return _Built()
+
+
+def _does_not_build():
+    return None

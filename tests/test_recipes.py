@@ -1,7 +1,9 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
-import importlib.util
+import ast
+import gzip
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -10,32 +12,14 @@ import torch
 
 from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
 
-from .cli import run
+from .cli import N_TEST, SCRIPTS, cli_error, load_script, run
 from .helpers import REPO, build_model, parse_args
+from .test_compat import FIXTURES
 
-SCRIPTS = Path(REPO) / "scripts"
 MULTI30K = Path(REPO).parent / "shared" / "data" / "multi30k"
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 average_checkpoints = load_script("average_checkpoints")
 score = load_script("score")
-
-
-def cli_error(capsys, main, *argv):
-    """Run a script's main in-process; return its one-line error (it must exit with status 2)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in argv])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) >= 1 and "Traceback" not in "\n".join(lines)
-    return lines[-1]
 
 
 # --- average_checkpoints.py ---------------------------------------------------------------------
@@ -242,6 +226,53 @@ def test_score_refuses_a_reference_of_another_length(tmp_path, capsys):
     assert error == f"score.py: error: {hyp} has 4 hypotheses, --reference {ref} has 3 lines"
 
 
+COMPAT_DATA, COMPAT_CHECKPOINT = FIXTURES / "bin", FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"
+
+
+def score_argv(tmp_path, reference_lines, *extra):
+    """score.py translating the toy test split (N_TEST sentences) with a real checkpoint."""
+    reference = write(tmp_path / "ref.tgt", ["t1 t2"] * reference_lines)
+    return ["--data", COMPAT_DATA, "--checkpoint", COMPAT_CHECKPOINT, "--source-lang", "src", "--target-lang", "tgt",
+            "--reference", reference, "--bpe", "none", "--detok", "none", *extra]  # fmt: skip
+
+
+@pytest.fixture
+def never_translate(monkeypatch):
+    def translate(*args):
+        raise AssertionError("score.py translated before it checked its inputs")
+
+    monkeypatch.setattr(score, "run_generate", translate)
+
+
+def test_score_checks_the_reference_against_the_split_before_translating(tmp_path, capsys, never_translate):
+    out = tmp_path / "out" / "score"
+    error = cli_error(capsys, score.main, *score_argv(tmp_path, N_TEST - 1, "--output-dir", out))
+    assert error == (f"score.py: error: --reference {tmp_path / 'ref.tgt'} has {N_TEST - 1} lines, but the test split "
+                     f"of --data {COMPAT_DATA} has {N_TEST} sentences")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_score_checks_the_output_folder_before_translating(tmp_path, capsys, never_translate):
+    (tmp_path / "file").write_text("")
+    error = cli_error(capsys, score.main, *score_argv(tmp_path, N_TEST, "--output-dir", tmp_path / "file" / "score"))
+    assert error == f"score.py: error: --output-dir {tmp_path / 'file' / 'score'}: {tmp_path / 'file'} is not a folder"
+    argv = score_argv(tmp_path, N_TEST, "--output-dir", tmp_path)
+    reference = (tmp_path / "ref.tgt").rename(tmp_path / "test.hyp.tgt")  # named as score.py's hypotheses
+    argv[argv.index("--reference") + 1] = reference
+    error = cli_error(capsys, score.main, *argv)
+    assert error == f"score.py: error: --output-dir would overwrite the input {reference}; choose another folder"
+
+
+def test_score_leaves_no_partial_output_when_translation_fails(tmp_path, capsys):
+    out = tmp_path / "score"
+    out.mkdir()
+    (out / "scores.txt").write_text("an earlier run's scores\n")
+    error = cli_error(capsys, score.main, *score_argv(tmp_path, N_TEST, "--output-dir", out, "--no-such-flag"))
+    assert error == "score.py: error: fairseq-generate failed (its error is above); nothing was written"
+    assert [(p.name, p.read_text()) for p in out.iterdir()] == [("scores.txt", "an earlier run's scores\n")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref.tgt", "score"]  # no staging folder left
+
+
 # --- quickstart.sh and examples/multi30k ----------------------------------------------------------
 
 
@@ -287,16 +318,87 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
     assert reported(stdout, "sacreBLEU") == reported(first, "sacreBLEU")
 
 
+def readme_block(language, containing):
+    """The README's fenced code block in *language* that contains *containing*."""
+    readme = (Path(REPO) / "README.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(rf"^```{language}\n(.*?)^```", readme, re.M | re.S) if containing in b]
+    return block
+
+
+def test_readme_python_api_and_interactive_examples_run_on_the_quickstart_output(quickstart, capsys):
+    """The README's Python example, exactly, with the --ci run's folder; then its fairseq-interactive
+    command on the same sentences: the same translations."""
+    run_dir, _, _ = quickstart
+    code = readme_block("python", "RealformerModel.from_pretrained")
+    assert code.count('run = "runs/quickstart"') == 1
+    exec(compile(code.replace('run = "runs/quickstart"', f'run = "{run_dir}"'), "README.md", "exec"), {})
+    one, several, sampled, *best = capsys.readouterr().out.splitlines()
+    several = ast.literal_eval(several)
+    assert len(several) == 2 and several[0] == one
+    assert len(best) == 4 and best[0].split(" ", 1)[1] == one
+    scores = [float(line.split(" ", 1)[0]) for line in best]
+    assert scores == sorted(scores, reverse=True)
+    assert all(text and "<unk>" not in text for text in (one, *several, sampled))
+
+    command = readme_block("bash", "fairseq-interactive").replace("runs/quickstart", str(run_dir))
+    program, *args = shlex.split(command.replace("\\\n", " "))
+    sentences = re.findall(r'"([^"]+\.)"', code)[1:3]  # the list translate() got
+    stdout = run(program, *args, stdin="".join(f"{s}\n" for s in sentences)).stdout
+    assert re.findall(r"^D-\d+\t\S+\t(.*)$", stdout, re.M) == several
+
+
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
-def test_multi30k_tiny_run_on_the_real_data(tmp_path):
+def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
+    """benchmarks/quality.py --quick with one variant runs the recipe (its --tiny mode) on the real
+    data, German -> English, on every test set of the folder in both languages."""
     data_before = sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir())
-    stdout = run(Path(REPO) / "examples" / "multi30k" / "run.sh", "--tiny", MULTI30K, tmp_path).stdout
-    assert len((tmp_path / "spm" / "train.en").read_text().splitlines()) == 300  # first 300 lines only
-    assert "\u2581" in (tmp_path / "spm" / "train.de").read_text()  # sentencepiece pieces
-    scores = json.loads((tmp_path / "score" / "scores.json").read_text())
-    assert scores["sentences"] == 300 and scores["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
-    assert re.search(r"^sacreBLEU: \d+\.\d\d", stdout, re.M)
+    test_sets = sorted(p.name[: -len(".de.gz")] for p in MULTI30K.glob("test_*.de.gz")
+                       if (MULTI30K / p.name.replace(".de.gz", ".en.gz")).exists())  # fmt: skip
+    stdout = run(Path(REPO) / "benchmarks" / "quality.py", "--data", MULTI30K, "--quick", "--variants", "realformer",
+                 "--source-lang", "de", "--target-lang", "en", "--layers", "1", "--out", tmp_path / "quality",
+                 "--json", tmp_path / "quality.json").stdout  # fmt: skip
+    recipe = tmp_path / "quality" / "realformer"
+    assert (recipe / "test-sets").read_text().split() == [",".join(test_sets)]
+    assert len((recipe / "spm" / "train.de").read_text().splitlines()) == 300  # first 300 lines only
+    assert "\u2581" in (recipe / "spm" / "train.en").read_text()  # sentencepiece pieces
+    for i, name in enumerate(test_sets):
+        scores = json.loads((recipe / "score" / name / "scores.json").read_text())
+        with gzip.open(MULTI30K / f"{name}.en.gz", "rt", encoding="utf-8") as f:
+            english = [line.rstrip("\n") for line in f][:300]
+        assert scores["reference"] == str(recipe / f"{name}.en")  # English, the target
+        assert (recipe / f"{name}.en").read_text(encoding="utf-8").splitlines() == english
+        assert scores["sentences"] == len(english)
+        assert len((recipe / "score" / name / f"test{i or ''}.hyp.en").read_text().splitlines()) == len(english)
+
+    (result,) = json.loads((tmp_path / "quality.json").read_text())["runs"]
+    assert result["variant"] == "realformer" and list(result["test_sets"]) == test_sets
+    for name, score in result["test_sets"].items():
+        assert isinstance(score["sacrebleu"], float) and score["signature"].startswith("nrefs:1|case:mixed")
+        assert re.search(rf"^\| realformer \| .*{score['sacrebleu']:.2f}", stdout, re.M)
+    assert f"| variant | {' | '.join(test_sets)} | wall (s) |" in stdout and "Multi30k de→en" in stdout
     assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
+
+
+def test_multi30k_names_a_missing_language_or_test_set(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test_2016_flickr", "test_2017_flickr"):
+        for lang in ("en", "de") if split != "test_2017_flickr" else ("en",):
+            with gzip.open(data / f"{split}.{lang}.gz", "wt") as f:
+                f.write("a small dog\n")
+    recipe = Path(REPO) / "examples" / "multi30k" / "run.sh"
+    for flags, expected in [
+        (["--source-lang", "fr"], f"{data}/train.fr.gz not found (DATA_DIR, --source-lang/--target-lang)"),
+        (["--test-sets", "test_2016_flickr,test_2017_flickr"], f"{data}/test_2017_flickr.de.gz not found (--test-sets)"),
+        (["--target-lang", "es"], "--target-lang es: Multi30k's languages are en, de, fr and cs"),
+    ]:  # fmt: skip
+        result = run(recipe, *flags, data, tmp_path / "run", check=False)
+        assert (result.returncode, result.stderr) == (2, f"run.sh: error: {expected}\n")
+        assert not (tmp_path / "run").exists()
+    result = run(Path(REPO) / "benchmarks" / "quality.py", "--data", data, "--test-sets", "test_2017_flickr",
+                 "--out", tmp_path / "quality", check=False)  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"quality.py: error: {data}/test_2017_flickr.de.gz not found (--test-sets)"
 
 
 # --- binarize.py ----------------------------------------------------------------------------------
@@ -306,8 +408,6 @@ binarize = load_script("binarize")
 
 def test_binarize_encodes_and_binarises_every_split_once(tmp_path, capsys):
     """Raw .gz text in place, several test sets, the first lines only; a re-run keeps everything."""
-    import gzip
-
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
     words = "a man a woman a dog runs sits in the park on the street".split()

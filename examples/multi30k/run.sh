@@ -1,33 +1,69 @@
 #!/usr/bin/env bash
-# Multi30k (task 1) English -> German with RealFormer: joint sentencepiece BPE, fairseq-preprocess,
-# fairseq-train, average the last checkpoints, beam search on test_2016_flickr and sacreBLEU.
-# Each step is skipped when its output exists; an interrupted training resumes.
+# Multi30k (task 1) translation with RealFormer, any two of en, de, fr, cs: joint sentencepiece
+# BPE, fairseq-preprocess, fairseq-train, average the last checkpoints, beam search on each test
+# set and sacreBLEU. Each step is skipped when its output exists; an interrupted training resumes.
 #
-#   examples/multi30k/run.sh [DATA_DIR] [RUN_DIR] [-- fairseq-train flags...]
-#   examples/multi30k/run.sh --tiny [DATA_DIR] [RUN_DIR]   # first 300 lines, tiny model (tests)
+#   examples/multi30k/run.sh [options] [DATA_DIR] [RUN_DIR] [-- fairseq-train flags...]
+#     --source-lang L --target-lang L   two of en, de, fr, cs (default: en -> de)
+#     --test-sets A,B,...               test sets to score, e.g. test_2016_flickr,test_2017_mscoco
+#                                       (default: every test_* set of DATA_DIR in both languages)
+#     --tiny                            first 300 lines, tiny model (the tests)
 #
-# DATA_DIR holds train.{en,de}.gz, val.{en,de}.gz, test_2016_flickr.{en,de}.gz (raw text, read in
-# place; default ../shared/data/multi30k from the repository root). RUN_DIR: runs/multi30k.
+# DATA_DIR holds train.L.gz, val.L.gz and test_*.L.gz (raw text, read in place; default
+# ../shared/data/multi30k from the repository root). RUN_DIR: runs/multi30k-SRC-TGT.
 # Sized for one GPU (minutes); on a CPU it runs too, slowly. Set ARCH, EPOCHS to change them;
 # flags after -- go to fairseq-train last, so they win (e.g. -- --backbone pre-ln).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-tiny=0
-if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
+usage() { sed -n '2,16p' "$0" | cut -c3-; exit 2; }
+die() { echo "run.sh: error: $*" >&2; exit 2; }
+
+tiny=0 src=en tgt=de test_sets=
 positional=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do positional+=("$1"); shift; done
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+  case "$1" in
+    --tiny) tiny=1; shift ;;
+    --source-lang|--target-lang|--test-sets)
+      [ $# -ge 2 ] || die "$1 needs a value"
+      case "$1" in --source-lang) src=$2 ;; --target-lang) tgt=$2 ;; --test-sets) test_sets=$2 ;; esac
+      shift 2 ;;
+    -h|--help) usage ;;
+    -*) die "unknown option $1 (fairseq-train flags go after --)" ;;
+    *) positional+=("$1"); shift ;;
+  esac
+done
 [ "${1:-}" = "--" ] && shift
 train_extra=("$@")
 set -- ${positional[@]+"${positional[@]}"}
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ] || [ $# -gt 2 ]; then
-  sed -n '2,12p' "$0" | cut -c3-
-  exit 2
-fi
+[ $# -le 2 ] || usage
 data=${1:-$root/../shared/data/multi30k}
-run=${2:-$root/runs/multi30k$([ $tiny = 1 ] && echo -tiny || true)}
+run=${2:-$root/runs/multi30k-$src-$tgt$([ $tiny = 1 ] && echo -tiny || true)}
 arch=${ARCH:-realformer_iwslt_de_en}
-src=en tgt=de
+
+# --- the languages and test sets, checked before anything runs ---
+check_lang() { case "$2" in en|de|fr|cs) ;; *) die "$1 $2: Multi30k's languages are en, de, fr and cs" ;; esac; }
+check_lang --source-lang "$src"
+check_lang --target-lang "$tgt"
+[ "$src" != "$tgt" ] || die "--source-lang and --target-lang are both $src"
+for split in train val; do
+  for lang in $src $tgt; do
+    [ -f "$data/$split.$lang.gz" ] || die "$data/$split.$lang.gz not found (DATA_DIR, --source-lang/--target-lang)"
+  done
+done
+if [ -z "$test_sets" ]; then  # every test set in both languages, by name
+  for path in "$data"/test_*."$src".gz; do
+    name=$(basename "$path" ".$src.gz")
+    [ -f "$path" ] && [ -f "$data/$name.$tgt.gz" ] && test_sets+=${test_sets:+,}$name
+  done
+  [ -n "$test_sets" ] || die "$data has no test set in both languages (test_*.$src.gz with test_*.$tgt.gz)"
+fi
+IFS=, read -r -a sets <<< "$test_sets"
+for name in "${sets[@]}"; do
+  for lang in $src $tgt; do
+    [ -f "$data/$name.$lang.gz" ] || die "$data/$name.$lang.gz not found (--test-sets)"
+  done
+done
 
 if [ $tiny = 1 ]; then
   lines=300 vocab=1000 epochs=${EPOCHS:-2} average=2
@@ -40,15 +76,16 @@ else
   model=(--dropout 0.3)
   generate=()
 fi
-for split in train val test_2016_flickr; do
-  for lang in $src $tgt; do
-    [ -f "$data/$split.$lang.gz" ] || { echo "run.sh: error: $data/$split.$lang.gz not found (DATA_DIR)" >&2; exit 2; }
-  done
-done
 
 say() { echo "[multi30k $(date +%H:%M:%S)] $*"; }
 mkdir -p "$run"
-say "data $data, output in $run, $arch, $epochs epochs${lines:+, first $lines lines}"
+# fairseq-preprocess names the test sets test, test1, ... in the order given: a run folder keeps
+# the list it was binarised with, and refuses another.
+if [ -e "$run/test-sets" ] && [ "$(cat "$run/test-sets")" != "$test_sets" ]; then
+  die "$run was prepared for the test sets $(cat "$run/test-sets"), not $test_sets: choose another RUN_DIR"
+fi
+echo "$test_sets" > "$run/test-sets"
+say "$src -> $tgt, data $data, output in $run, $arch, $epochs epochs${lines:+, first $lines lines}; test sets ${sets[*]}"
 
 say "1/5 set-up: scripts/setup_env.sh"
 "$root/scripts/setup_env.sh"
@@ -57,8 +94,9 @@ py=$bin/python
 
 if [ -e "$run/bin/dict.$tgt.txt" ]; then say "2/5 subwords + binarize: $run/bin exists, skipped"; else
   say "2/5 subwords + binarize: joint sentencepiece BPE ($vocab) on the raw training text, then fairseq-preprocess"
+  testprefs=$(printf "$data/%s," "${sets[@]}")
   "$py" "$root/scripts/binarize.py" --source-lang $src --target-lang $tgt --trainpref "$data/train" \
-    --validpref "$data/val" --testpref "$data/test_2016_flickr" --spm-vocab "$vocab" --spm-dir "$run/spm" \
+    --validpref "$data/val" --testpref "${testprefs%,}" --spm-vocab "$vocab" --spm-dir "$run/spm" \
     ${lines:+--max-lines "$lines"} --destdir "$run/bin"
 fi
 
@@ -66,7 +104,7 @@ ckpt=$run/checkpoints
 if [ -e "$ckpt/train.done" ]; then say "3/5 train: $ckpt/train.done exists, skipped"; else
   say "3/5 train: $arch, $epochs epochs (resumes from checkpoint_last.pt if there is one)"
   "$bin/fairseq-train" "$run/bin" --user-dir "$root/fairseq_realformer" --arch "$arch" \
-    --share-all-embeddings "${model[@]}" \
+    --source-lang $src --target-lang $tgt --share-all-embeddings "${model[@]}" \
     --optimizer adam --adam-betas '(0.9,0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt \
     --warmup-updates 1000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --max-tokens 4096 --max-epoch "$epochs" --keep-last-epochs "$average" --save-dir "$ckpt" --seed 1 \
@@ -81,18 +119,23 @@ if [ -e "$ckpt/checkpoint_avg.pt" ]; then say "4/5 average: $ckpt/checkpoint_avg
     --output "$ckpt/checkpoint_avg.pt"
 fi
 
-reference=$data/test_2016_flickr.$tgt.gz
-if [ -n "$lines" ]; then  # the reference of the first $lines test sentences only
-  reference=$run/test_2016_flickr.$tgt
-  gzip -dc "$data/test_2016_flickr.$tgt.gz" | sed -n "1,${lines}p" > "$reference"
-fi
-if [ -e "$run/score/scores.txt" ]; then say "5/5 translate + score: $run/score exists, skipped"; else
-  say "5/5 translate test_2016_flickr (beam 5) and score it"
-  "$py" "$root/scripts/score.py" --data "$run/bin" --checkpoint "$ckpt/checkpoint_avg.pt" \
+for i in "${!sets[@]}"; do
+  name=${sets[$i]} subset=test$([ "$i" -gt 0 ] && echo "$i" || true)  # fairseq's name for it
+  out=$run/score/$name
+  reference=$data/$name.$tgt.gz
+  if [ -n "$lines" ]; then  # the reference of the first $lines test sentences only
+    reference=$run/$name.$tgt
+    gzip -dc "$data/$name.$tgt.gz" | sed -n "1,${lines}p" > "$reference"
+  fi
+  if [ -e "$out/scores.txt" ]; then say "5/5 translate + score $name: $out exists, skipped"; continue; fi
+  say "5/5 translate $name (beam 5) and score it"
+  "$py" "$root/scripts/score.py" --data "$run/bin" --checkpoint "$ckpt/checkpoint_avg.pt" --gen-subset "$subset" \
     --source-lang $src --target-lang $tgt --reference "$reference" --bpe sentencepiece --detok none \
-    --beam 5 --lenpen 1.0 --output-dir "$run/score.tmp" "${generate[@]}" > /dev/null
-  rm -rf "$run/score" && mv "$run/score.tmp" "$run/score"
-fi
+    --beam 5 --lenpen 1.0 --output-dir "$out" ${generate[@]+"${generate[@]}"} > /dev/null
+done
 
-say "done in ${SECONDS}s; translations in $run/score/test.hyp.$tgt"
-cat "$run/score/scores.txt"
+say "done in ${SECONDS}s; translations in $run/score/TEST_SET/test*.hyp.$tgt"
+for name in "${sets[@]}"; do
+  echo "$name:"
+  cat "$run/score/$name/scores.txt"
+done
