@@ -1,56 +1,188 @@
-"""Translation quality on real data: Multi30k, one table of test BLEU, a column per test set.
+"""Translation quality on real data: Multi30k, every variant with several seeds, one table of test
+scores (mean ± sample std over seeds), paired bootstrap significance, learning curves.
 
 Post-LN, Pre-LN, ADMIN (profiled ω) and RealFormer on ADMIN (sum, and mean: "realformer") are
-trained with the same data, seed and budget by the Multi30k recipe (examples/multi30k/run.sh:
-joint sentencepiece, fairseq-train, average of the last epoch checkpoints, beam 5, sacreBLEU on
-each test set). The variants are those of fairseq_realformer/variants.py. Any two of en, de, fr,
+trained with the same data, settings and budget by the Multi30k recipe (examples/multi30k/run.sh:
+joint sentencepiece, fairseq-train, average of the last 5 epoch checkpoints, beam 5, sacreBLEU on
+each test set); the variants are those of fairseq_realformer/variants.py. Any two of en, de, fr,
 cs (default en→de); by default every test set of --data in both languages.
-The data are prepared once and shared by every variant; a re-run skips finished variants.
 
-    python benchmarks/quality.py --data ../shared/data/multi30k            # one GPU, ~10 min
-    python benchmarks/quality.py --data ../shared/data/multi30k --quick    # CPU: proves it runs
-    python benchmarks/quality.py --source-lang de --target-lang en --test-sets test_2016_flickr,test_2017_flickr --layers 12
+    nice -n 19 python benchmarks/quality.py --preset cpu --seeds 1,2,3 --jobs 2 \\
+        --json benchmarks/results/cpu-quality-multi30k-en-de.json --figures benchmarks/results
+    python benchmarks/quality.py --seeds 1,2,3                   # --preset gpu: the recipe's size, one GPU
+    python benchmarks/quality.py --quick --seeds 1,2             # minutes on a CPU: proves it runs
+    python benchmarks/quality.py --preset cpu --report-only --json ...   # report the finished runs only
 
---quick uses the recipe's --tiny mode (first 300 lines, width 32, 2 epochs) with 2+2 layers: its
-BLEU says the pipeline works, not which model is better.
+Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers override them):
+  gpu    the recipe's model: 6+6 layers, 512/1024, 4 heads, dropout 0.3, Adam 5e-4 with
+         inverse-sqrt warm-up 1000, 12 epochs
+  cpu    4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, label smoothing 0.1, Adam (0.9, 0.98)
+         peak lr 4e-3 after 400 warm-up updates, then linear decay to 0 at the end of epoch 20
+         (the RealFormer paper's schedule for NMT); 4,096 tokens a batch, ~132 updates an epoch.
+         One run takes ~40 min alone on 2 CPU cores (benchmarks/RESULTS.md: how the lr was chosen)
+  --quick  the recipe's --tiny mode (first 300 lines, width 32) with 2+2 layers, 2 epochs: its
+         BLEU says the pipeline works, not which model is better
+
+The study can be stopped at any time (Ctrl-C, or kill its process group) and run again with the
+same command: finished runs are skipped and an interrupted run resumes from its last epoch
+checkpoint. Seed 1 of every variant runs first, then seed 2, ..., so partial results stay
+balanced. --jobs N trains N runs side by side with one thread each (on 2 cores, two one-thread
+runs make ~5,250 target tokens/s together against ~4,500 for one two-thread run).
+
+Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; a name suffix
+such as -lr0.002 when --lr, --warmup, --epochs or --layers differ from the preset).
 """
 import argparse
+import datetime
 import json
 import os
+import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import multi30k_args  # noqa: E402
+import quality_report  # noqa: E402
 from multi30k_args import REPO, VARIANTS  # noqa: E402
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
+UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
+RECIPE_ARCH = "realformer_iwslt_de_en"  # run.sh's default ARCH
+MAX_TOKENS = "4096"  # run.sh's --max-tokens
 
 
-def parse_args():
+@dataclass(frozen=True)
+class Preset:
+    epochs: int
+    layers: int = None  # None: the recipe's
+    lr: float = None  # None: the recipe's Adam 5e-4, inverse-sqrt warm-up 1000
+    warmup: int = None
+    linear_decay: bool = False  # polynomial_decay to 0 at the end of the last epoch
+    model: tuple = ()
+    describe: str = ""
+
+
+PRESETS = {
+    "gpu": Preset(epochs=12, describe="6+6 layers, d=512, FFN 1024"),
+    "cpu": Preset(
+        epochs=20, layers=4, lr=4e-3, warmup=400, linear_decay=True,
+        model=("--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
+               "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"),
+        describe="4+4 layers, d=128, FFN 256",
+    ),  # fmt: skip
+    "quick": Preset(epochs=2, layers=2, describe="--quick (recipe --tiny: 300 lines, d=32)"),
+}
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="work folder (default: runs/quality-SRC-TGT, or runs/quality-SRC-TGT-quick)")
+    p.add_argument("--out", help="work folder (default: runs/quality-SRC-TGT-PRESET)")
+    p.add_argument("--preset", choices=("gpu", "cpu"), default="gpu", help="model size and schedule (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="the recipe's --tiny mode, 2+2 layers: minutes on a CPU")
-    p.add_argument("--epochs", type=int, help="training epochs (default: 12; --quick: 2)")
+    p.add_argument("--seeds", default="1", metavar="1,2,3", help="comma list of seeds (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="trainings side by side, one thread each (default: 1)")
+    p.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
+    p.add_argument("--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)")
+    p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
     p.add_argument("--source-lang", default="en", help="en, de, fr or cs (default: %(default)s)")
     p.add_argument("--target-lang", default="de", help="en, de, fr or cs (default: %(default)s)")
     p.add_argument("--test-sets", metavar="A,B,...",
                    help="test sets of --data to score (default: every test_* set in both languages)")
-    p.add_argument("--layers", type=int, metavar="N",
-                   help="encoder and decoder layers (default: the recipe's 6; --quick: 2)")
+    p.add_argument("--report-only", action="store_true", help="train nothing: report the runs already finished")
+    p.add_argument("--figures", metavar="DIR", help="draw the learning curves and the BLEU per seed into DIR")
+    p.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+                   help="the machine, for the figures' titles and the JSON (default: %(default)s)")
     multi30k_args.add(p, DEFAULT_VARIANTS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     multi30k_args.check(p, args)
-    pair = f"{args.source_lang}-{args.target_lang}"
-    args.out = Path(args.out or REPO / "runs" / f"quality-{pair}{'-quick' if args.quick else ''}")
-    args.epochs = args.epochs or (2 if args.quick else 12)
-    args.layers = args.layers or (2 if args.quick else None)
-    if args.layers is not None and args.layers < 1:
-        p.error("--layers must be at least 1")
+    try:
+        args.seeds = sorted({int(s) for s in args.seeds.split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--seeds {args.seeds}: expected a comma list of integers, e.g. 1,2,3")
+    if not args.seeds:
+        p.error("--seeds: give at least one seed")
+    for flag in ("jobs", "epochs", "warmup", "layers"):
+        value = getattr(args, flag)
+        if value is not None and value < (0 if flag == "warmup" else 1):
+            p.error(f"--{flag} {value}: must be at least {0 if flag == 'warmup' else 1}")
+    if args.lr is not None and args.lr <= 0:
+        p.error(f"--lr {args.lr}: must be positive")
+    args.preset_name = "quick" if args.quick else args.preset
+    preset = PRESETS[args.preset_name]
+    suffix = "".join(f"-{name}{value:g}" for name, value, default in (
+        ("lr", args.lr, preset.lr), ("warmup", args.warmup, preset.warmup),
+        ("epochs", args.epochs, preset.epochs), ("layers", args.layers, preset.layers),
+    ) if value is not None and value != default)  # fmt: skip
+    args.run_suffix = suffix
+    args.epochs = args.epochs or preset.epochs
+    args.layers = args.layers or preset.layers
+    args.lr = args.lr or preset.lr
+    args.warmup = preset.warmup if args.warmup is None else args.warmup
+    args.preset = preset
+    args.pair = f"{args.source_lang}-{args.target_lang}"
+    args.out = Path(args.out or REPO / "runs" / f"quality-{args.pair}-{args.preset_name}")
     return args
+
+
+def recipe_language_flags(args):
+    return ["--source-lang", args.source_lang, "--target-lang", args.target_lang,
+            *(["--test-sets", args.test_sets] if args.test_sets else [])]  # fmt: skip
+
+
+def prepare_data(args):
+    """Binarise the data once for every run (run.sh --prepare-only; skipped when done)."""
+    data_dir = args.out / "data"
+    cmd = ["bash", str(RECIPE), *(["--tiny"] if args.quick else []), "--prepare-only", *recipe_language_flags(args),
+           args.data, str(data_dir)]  # fmt: skip
+    print(f"[quality] data: {' '.join(cmd)}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "prepare.log", "a") as log:
+        if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            raise SystemExit(f"quality.py: error: {recipe_error(args.out / 'prepare.log', 'preparing the data')}")
+    return data_dir
+
+
+def recipe_error(log_path, what):
+    errors = [line for line in log_path.read_text().splitlines() if line.startswith("run.sh: error: ")]
+    return errors[-1][len("run.sh: error: "):] if errors else f"{what} failed; see {log_path}"
+
+
+def updates_per_epoch(args, data_dir):
+    """How many updates one epoch makes (the linear decay ends with the last epoch); cached."""
+    cache = data_dir / "updates_per_epoch"
+    if not cache.exists():
+        venv = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
+        cmd = [str(venv / "bin" / "python"), str(UPDATES_PER_EPOCH), str(data_dir / "bin"), "--user-dir",
+               str(REPO / "fairseq_realformer"), "--arch", RECIPE_ARCH, "--source-lang", args.source_lang,
+               "--target-lang", args.target_lang, "--max-tokens", MAX_TOKENS, "--seed", "1"]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"quality.py: error: counting the updates per epoch failed: {result.stderr.strip().splitlines()[-1:]}")
+        cache.write_text(result.stdout.strip().splitlines()[-1] + "\n")
+    return int(cache.read_text())
+
+
+def training_flags(args, data_dir):
+    """The fairseq-train flags every variant shares (after the recipe's own, so they win)."""
+    preset, flags = args.preset, list(args.preset.model)
+    if args.layers:
+        flags += ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)]
+    if args.lr:
+        flags += ["--lr", f"{args.lr:g}"]
+    if args.warmup is not None:
+        flags += ["--warmup-updates", str(args.warmup)]
+    if preset.linear_decay:
+        total = args.epochs * updates_per_epoch(args, data_dir)
+        flags += ["--lr-scheduler", "polynomial_decay", "--total-num-update", str(total), "--end-learning-rate", "0"]
+    return flags
 
 
 def finished_test_sets(run_dir):
@@ -62,58 +194,133 @@ def finished_test_sets(run_dir):
     return names if all((run_dir / "score" / name / "scores.json").exists() for name in names) else None
 
 
-def run_variant(args, variant, shared_bin):
-    run_dir = args.out / variant
-    names = finished_test_sets(run_dir)
-    if names is None or (args.test_sets and names != args.test_sets.split(",")):
+class Runner:
+    """Runs the recipe for (variant, seed) pairs, N at a time; stops them all on SIGINT/SIGTERM."""
+
+    def __init__(self, args, data_dir, shared_flags):
+        self.args, self.data_dir, self.shared_flags = args, data_dir, shared_flags
+        self.running, self.lock, self.stopping = set(), threading.Lock(), False
+
+    def command(self, variant, seed, run_dir):
+        # variant flags after the shared ones: admin-radam's --warmup-updates 0 must win
+        return ["bash", str(RECIPE), *(["--tiny"] if self.args.quick else []), *recipe_language_flags(self.args),
+                self.args.data, str(run_dir), "--", *self.shared_flags, *VARIANTS[variant], "--seed", str(seed)]  # fmt: skip
+
+    def run(self, variant, seed):
+        run_dir = run_folder(self.args, variant, seed)
+        if finished_test_sets(run_dir) is not None:
+            return None
         run_dir.mkdir(parents=True, exist_ok=True)
-        if shared_bin is not None and not (run_dir / "bin").exists():
-            (run_dir / "bin").symlink_to(shared_bin.resolve())  # same data for every variant
-        recipe_flags = ["--source-lang", args.source_lang, "--target-lang", args.target_lang]
-        recipe_flags += ["--test-sets", args.test_sets] if args.test_sets else []
-        depth = ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)] if args.layers else []
-        cmd = ["bash", str(RECIPE), *(["--tiny"] if args.quick else []), *recipe_flags, args.data, str(run_dir),
-               "--", *VARIANTS[variant], *depth]  # fmt: skip
-        print(f"[quality] {variant}: {' '.join(cmd)}", flush=True)
+        if not (run_dir / "bin").exists():
+            (run_dir / "bin").symlink_to(os.path.relpath(self.data_dir / "bin", run_dir))  # the same data for every run
+        cmd = self.command(variant, seed, run_dir)
+        settings = run_dir / "command"  # a run resumes only with the flags it started with
+        if settings.exists() and settings.read_text() != " ".join(cmd[2:]) + "\n":
+            return f"{run_dir} was started with other settings ({settings}): choose another --out"
+        settings.write_text(" ".join(cmd[2:]) + "\n")
+        env = dict(os.environ, EPOCHS=str(self.args.epochs))
+        if self.args.jobs > 1:
+            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        print(f"[quality {time.strftime('%H:%M:%S')}] start {variant} seed {seed}: {run_dir}", flush=True)
         start = time.time()
-        env = dict(os.environ, EPOCHS=str(args.epochs))
-        log_path = run_dir / "recipe.log"
-        with open(log_path, "a") as log:
-            if subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-                errors = [line for line in log_path.read_text().splitlines() if line.startswith("run.sh: error: ")]
-                reason = errors[-1][len("run.sh: error: "):] if errors else f"{variant} failed; see {log_path}"
-                raise SystemExit(f"quality.py: error: {reason}")
-        (run_dir / "wall_s").write_text(f"{time.time() - start:.0f}\n")
-        names = finished_test_sets(run_dir)
-    scores = {}
-    for name in names:
-        result = json.loads((run_dir / "score" / name / "scores.json").read_text())
-        scores[name] = {"sacrebleu": result["sacrebleu"], "signature": result["sacrebleu_signature"]}
-    print(f"[quality] {variant}: " + ", ".join(f"{name} sacreBLEU {s['sacrebleu']:.2f}" for name, s in scores.items()), flush=True)
-    wall = run_dir / "wall_s"
-    return {"variant": variant, "test_sets": scores, "wall_s": float(wall.read_text()) if wall.exists() else None}
+        with open(run_dir / "recipe.log", "a") as log:
+            with self.lock:
+                if self.stopping:
+                    return "stopped"
+                process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self.running.add(process)
+            returncode = process.wait()
+            with self.lock:
+                self.running.discard(process)
+        with open(run_dir / "attempts.jsonl", "a") as attempts:
+            attempts.write(json.dumps({"started": datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds"),
+                                       "wall_s": round(time.time() - start, 1), "returncode": returncode}) + "\n")  # fmt: skip
+        if returncode != 0:
+            return "stopped" if self.stopping else recipe_error(run_dir / "recipe.log", f"{variant} seed {seed}")
+        print(f"[quality {time.strftime('%H:%M:%S')}] done {variant} seed {seed} in {time.time() - start:.0f} s", flush=True)
+        return None
+
+    def stop(self, signum, _frame):
+        with self.lock:
+            self.stopping = True
+            for process in self.running:
+                os.killpg(process.pid, signal.SIGTERM)  # the recipe and its fairseq-train
+        print(f"[quality] stopping ({signal.Signals(signum).name}); run the same command to resume", flush=True)
 
 
-def main():
-    args = parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    results, shared_bin = [], None
-    for variant in args.variants:
-        results.append(run_variant(args, variant, shared_bin))
-        shared_bin = shared_bin or args.out / variant / "bin"
-    names = list(results[0]["test_sets"])
-    size = f"{args.layers}+{args.layers} layers" if args.layers else "the recipe's depth"
-    lines = [f"Multi30k {args.source_lang}→{args.target_lang}, sacreBLEU per test set; "
-             f"{'--quick (recipe --tiny), ' if args.quick else ''}{size}, {args.epochs} epochs, seed 1; "
-             f"average of the last epoch checkpoints, beam 5", "",
-             f"| variant | {' | '.join(names)} | wall (s) |", "|---" * (len(names) + 2) + "|"]  # fmt: skip
-    for r in results:
-        bleu = [f"{score['sacrebleu']:.2f}" for score in r["test_sets"].values()]
-        lines.append(f"| {r['variant']} | {' | '.join(bleu)} | {r['wall_s'] or '—'} |")
-    lines += ["", f"sacreBLEU signature: {results[0]['test_sets'][names[0]]['signature']}"]
-    print("\n".join(lines))
+def run_folder(args, variant, seed):
+    return args.out / f"{variant}{args.run_suffix}" / f"seed{seed}"
+
+
+def run_all(args, data_dir):
+    runner = Runner(args, data_dir, training_flags(args, data_dir))
+    signal.signal(signal.SIGINT, runner.stop)
+    signal.signal(signal.SIGTERM, runner.stop)
+    order = [(variant, seed) for seed in args.seeds for variant in args.variants]  # seed 1 of every variant first
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        errors = [e for e in pool.map(lambda pair: runner.run(*pair), order) if e]
+    if runner.stopping:
+        raise SystemExit(130)
+    if errors:
+        raise SystemExit(f"quality.py: error: {errors[0]}")
+
+
+def collect(args):
+    """Every finished run: its training summary and its scores on each test set."""
+    runs = []
+    for seed in args.seeds:
+        for variant in args.variants:
+            run_dir = run_folder(args, variant, seed)
+            names = finished_test_sets(run_dir)
+            if names is None:
+                continue
+            scores = {name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
+                      for i, name in enumerate(names)}  # fairseq's names for the test splits
+            runs.append({"variant": variant, "seed": seed, **quality_report.run_summary(run_dir), "test_sets": scores})
+    return sorted(runs, key=lambda r: (args.variants.index(r["variant"]), r["seed"]))
+
+
+def describe(args):
+    size = args.preset.describe if not args.layers or args.layers == args.preset.layers else \
+        f"{args.preset.describe} but {args.layers}+{args.layers} layers"
+    lr = f", peak lr {args.lr:g}, warm-up {args.warmup}" if args.lr else ""
+    return (f"Multi30k {args.source_lang}→{args.target_lang}, {size}, {args.epochs} epochs{lr}; "
+            f"average of the last epoch checkpoints, beam 5; {args.machine}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.report_only:
+        if not (args.out / "data" / "bin").exists():
+            raise SystemExit(f"quality.py: error: --report-only: {args.out} holds no study (no {args.out / 'data' / 'bin'})")
+    else:
+        data_dir = prepare_data(args)
+        run_all(args, data_dir)
+    runs = collect(args)
+    if not runs:
+        raise SystemExit(f"quality.py: error: no finished run in {args.out} yet")
+    found = quality_report.comparisons(runs)
+    print(quality_report.table(runs, args.variants, found, describe(args)), flush=True)
+    if args.figures:
+        stem = Path(args.json).stem if args.json else f"quality-{args.pair}-{args.preset_name}"
+        for path in quality_report.figures(runs, args.variants, Path(args.figures), stem, describe(args)):
+            print(f"[quality] figure: {path}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "runs": results}, indent=1))
+        json_path = Path(args.json)
+        quality_report.write_translations(runs, json_path.parent / json_path.stem, REPO)
+        for run in runs:
+            for score in run["test_sets"].values():
+                del score["hypotheses"]  # local paths; `translations` is the committed copy
+        result = {
+            "what": describe(args),
+            "command": "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "machine": args.machine, "date": datetime.date.today().isoformat(),
+            "settings": {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
+                         "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs},
+            "runs": runs, "comparisons": found, "summary": quality_report.summary(runs, args.variants),
+        }  # fmt: skip
+        json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+        print(f"[quality] wrote {json_path}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ import gzip
 import json
 import re
 import shlex
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import torch
 
 from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
 
-from .cli import N_TEST, SCRIPTS, cli_error, load_script, run
+from .cli import N_TEST, SCRIPTS, cli_error, load_script, popen, run
 from .helpers import REPO, build_model, parse_args
 from .test_compat import FIXTURES
 
@@ -349,34 +351,94 @@ def test_readme_python_api_and_interactive_examples_run_on_the_quickstart_output
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
 def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
-    """benchmarks/quality.py --quick with one variant runs the recipe (its --tiny mode) on the real
-    data, German -> English, on every test set of the folder in both languages."""
+    """benchmarks/quality.py --quick runs the recipe (its --tiny mode) on the real data, German ->
+    English, two variants with two seeds side by side, on every test set of the folder; stopped
+    mid-way it resumes where it stopped; it reports mean ± std over seeds, paired bootstrap
+    comparisons, the JSON with re-scorable translations, and the figures."""
     data_before = sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir())
     test_sets = sorted(p.name[: -len(".de.gz")] for p in MULTI30K.glob("test_*.de.gz")
                        if (MULTI30K / p.name.replace(".de.gz", ".en.gz")).exists())  # fmt: skip
-    stdout = run(Path(REPO) / "benchmarks" / "quality.py", "--data", MULTI30K, "--quick", "--variants", "realformer",
-                 "--source-lang", "de", "--target-lang", "en", "--layers", "1", "--out", tmp_path / "quality",
-                 "--json", tmp_path / "quality.json").stdout  # fmt: skip
-    recipe = tmp_path / "quality" / "realformer"
+    out, json_path = tmp_path / "quality", tmp_path / "results" / "quality.json"
+    argv = [Path(REPO) / "benchmarks" / "quality.py", "--data", MULTI30K, "--quick", "--variants", "realformer,admin",
+            "--seeds", "1,2", "--jobs", "2", "--source-lang", "de", "--target-lang", "en",
+            "--out", out, "--json", json_path, "--figures", tmp_path / "figures"]  # fmt: skip
+
+    # stopped as soon as one training has saved an epoch checkpoint, then run again: it resumes
+    study = popen(*argv, cwd=REPO)
+    first_checkpoint = out / "realformer" / "seed1" / "checkpoints" / "checkpoint_last.pt"
+    for _ in range(3000):
+        if first_checkpoint.exists() or study.poll() is not None:
+            break
+        time.sleep(0.2)
+    study.send_signal(signal.SIGTERM)  # (2 epochs: the second is still training)
+    stopped = study.communicate(timeout=120)[0]
+    assert study.returncode == 130 and "run the same command to resume" in stopped, stopped
+    assert not (out / "realformer" / "seed1" / "checkpoints" / "train.done").exists()
+    stdout = run(*argv).stdout
+    assert "start realformer seed 1" in stdout  # the stopped one again, from its checkpoint
+    resumed = (out / "realformer" / "seed1" / "train.log").read_text()
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch [12] @ \d+ updates\)", resumed)
+    assert len((out / "realformer" / "seed1" / "attempts.jsonl").read_text().splitlines()) == 2
+
+    recipe = out / "realformer" / "seed2"
+    assert (recipe / "bin").resolve() == (out / "data" / "bin").resolve()  # binarised once, shared
     assert (recipe / "test-sets").read_text().split() == [",".join(test_sets)]
-    assert len((recipe / "spm" / "train.de").read_text().splitlines()) == 300  # first 300 lines only
-    assert "\u2581" in (recipe / "spm" / "train.en").read_text()  # sentencepiece pieces
+    assert len((out / "data" / "spm" / "train.de").read_text().splitlines()) == 300  # first 300 lines only
+    assert "--seed 2" in (recipe / "command").read_text()
     for i, name in enumerate(test_sets):
         scores = json.loads((recipe / "score" / name / "scores.json").read_text())
         with gzip.open(MULTI30K / f"{name}.en.gz", "rt", encoding="utf-8") as f:
             english = [line.rstrip("\n") for line in f][:300]
         assert scores["reference"] == str(recipe / f"{name}.en")  # English, the target
         assert (recipe / f"{name}.en").read_text(encoding="utf-8").splitlines() == english
-        assert scores["sentences"] == len(english)
         assert len((recipe / "score" / name / f"test{i or ''}.hyp.en").read_text().splitlines()) == len(english)
 
-    (result,) = json.loads((tmp_path / "quality.json").read_text())["runs"]
-    assert result["variant"] == "realformer" and list(result["test_sets"]) == test_sets
-    for name, score in result["test_sets"].items():
-        assert isinstance(score["sacrebleu"], float) and score["signature"].startswith("nrefs:1|case:mixed")
-        assert re.search(rf"^\| realformer \| .*{score['sacrebleu']:.2f}", stdout, re.M)
-    assert f"| variant | {' | '.join(test_sets)} | wall (s) |" in stdout and "Multi30k de→en" in stdout
+    result = json.loads(json_path.read_text())
+    assert [(r["variant"], r["seed"]) for r in result["runs"]] == [("realformer", 1), ("realformer", 2), ("admin", 1), ("admin", 2)]
+    for r in result["runs"]:
+        assert list(r["test_sets"]) == test_sets and r["updates"] > 0 and r["wall_s"] > 0 and r["tokens_per_s"] > 0
+        assert len(r["valid_curve"]) == 2 and r["best_valid_loss"] == min(loss for _, loss in r["valid_curve"])
+        for name, score_ in r["test_sets"].items():
+            assert score_["signature"].startswith("nrefs:1|case:mixed") and "case:lc" in score_["bleu_lc_signature"]
+            with gzip.open(Path(REPO) / score_["translations"] if not Path(score_["translations"]).is_absolute()
+                           else score_["translations"], "rt", encoding="utf-8") as f:  # fmt: skip
+                hypotheses = f.read().splitlines()
+            reference = (out / r["variant"] / f"seed{r['seed']}" / f"{name}.en").read_text(encoding="utf-8").splitlines()
+            assert sacrebleu.corpus_bleu(hypotheses, [reference]).score == pytest.approx(score_["sacrebleu"])
+            assert sacrebleu.corpus_chrf(hypotheses, [reference]).score == pytest.approx(score_["chrf"])
+    assert {(c["a"], c["b"], c["seed"], c["test_set"]) for c in result["comparisons"]} == {
+        ("realformer", "admin", seed, name) for seed in (1, 2) for name in test_sets}
+    assert all(0 < c["p_value"] <= 1 for c in result["comparisons"])
+    assert result["summary"]["admin"]["seeds"] == [1, 2]
+    assert f"| realformer | 1,2 | {result['summary']['realformer'][test_sets[0]]['sacrebleu']['mean']:.2f} ± " in stdout
+    assert "Multi30k de→en" in stdout and "| realformer | admin | " in stdout
+    assert all((tmp_path / "figures" / f"quality.{kind}.png").stat().st_size > 10_000 for kind in ("valid-loss", "bleu"))
+
+    again = run(*argv[:-2]).stdout  # everything finished: nothing is trained again
+    assert "start " not in again and "| admin | 1,2 |" in again
     assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
+
+
+CPU_STUDY = Path(REPO) / "benchmarks" / "results" / "cpu-quality-multi30k-en-de.json"
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
+def test_the_committed_quality_study_rescores_from_its_translations():
+    """Every run of the committed CPU study: its gzipped translations, scored again against the
+    raw references, give the sacreBLEU, chrF and lowercased BLEU the JSON reports."""
+    study = json.loads(CPU_STUDY.read_text())
+    assert study["runs"] and study["machine"] and study["date"] and study["command"].startswith("python benchmarks/quality.py")
+    for r in study["runs"]:
+        for name, reported in r["test_sets"].items():
+            with gzip.open(Path(REPO) / reported["translations"], "rt", encoding="utf-8") as f:
+                hypotheses = f.read().splitlines()
+            with gzip.open(MULTI30K / f"{name}.de.gz", "rt", encoding="utf-8") as f:
+                reference = f.read().splitlines()
+            assert len(hypotheses) == len(reference)
+            assert sacrebleu.corpus_bleu(hypotheses, [reference]).score == pytest.approx(reported["sacrebleu"], abs=1e-9)
+            assert sacrebleu.corpus_chrf(hypotheses, [reference]).score == pytest.approx(reported["chrf"], abs=1e-9)
+            lowercased = sacrebleu.corpus_bleu(hypotheses, [reference], lowercase=True).score
+            assert lowercased == pytest.approx(reported["bleu_lc"], abs=1e-9)
 
 
 def test_multi30k_names_a_missing_language_or_test_set(tmp_path):

@@ -8,6 +8,7 @@
 #     --test-sets A,B,...               test sets to score, e.g. test_2016_flickr,test_2017_mscoco
 #                                       (default: every test_* set of DATA_DIR in both languages)
 #     --tiny                            first 300 lines, tiny model (the tests)
+#     --prepare-only                    stop after the data are binarised (RUN_DIR/bin)
 #
 # DATA_DIR holds train.L.gz, val.L.gz and test_*.L.gz (raw text, read in place; default
 # ../shared/data/multi30k from the repository root). RUN_DIR: runs/multi30k-SRC-TGT.
@@ -16,14 +17,15 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-usage() { sed -n '2,16p' "$0" | cut -c3-; exit 2; }
+usage() { sed -n '2,17p' "$0" | cut -c3-; exit 2; }
 die() { echo "run.sh: error: $*" >&2; exit 2; }
 
-tiny=0 src=en tgt=de test_sets=
+tiny=0 prepare_only=0 src=en tgt=de test_sets=
 positional=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   case "$1" in
     --tiny) tiny=1; shift ;;
+    --prepare-only) prepare_only=1; shift ;;
     --source-lang|--target-lang|--test-sets)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in --source-lang) src=$2 ;; --target-lang) tgt=$2 ;; --test-sets) test_sets=$2 ;; esac
@@ -99,6 +101,8 @@ if [ -e "$run/bin/dict.$tgt.txt" ]; then say "2/5 subwords + binarize: $run/bin 
     --validpref "$data/val" --testpref "${testprefs%,}" --spm-vocab "$vocab" --spm-dir "$run/spm" \
     ${lines:+--max-lines "$lines"} --destdir "$run/bin"
 fi
+
+[ $prepare_only = 0 ] || { say "done: $run/bin (--prepare-only)"; exit 0; }
 
 ckpt=$run/checkpoints
 if [ -e "$ckpt/train.done" ]; then say "3/5 train: $ckpt/train.done exists, skipped"; else

@@ -1,0 +1,245 @@
+"""What a finished quality run measured, and the study's report: the table (mean ± sample std over
+seeds), paired bootstrap comparisons, the JSON and the figures. benchmarks/quality.py runs the
+trainings; this module only reads what they left in their run folders:
+
+- RUN/train.log: fairseq-train's log (every attempt appended): per epoch the training line
+  (num_updates, wpb, train_wall) and the validation line (loss);
+- RUN/score/TEST_SET/scores.json and the detokenised hypotheses beside it (scripts/score.py);
+- RUN/attempts.jsonl: one line per attempt of the recipe, with its wall time.
+"""
+import gzip
+import json
+import logging
+import re
+import statistics
+from pathlib import Path
+
+# Who is compared with whom, seed by seed: (system, baseline).
+COMPARISONS = (("realformer", "admin"), ("realformer", "post-ln"), ("admin", "post-ln"))
+BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
+for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampling and font lookup
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
+
+_FIELD = re.compile(r"\| (\w+) ([-\d.e+]+)")
+_EPOCH_LINE = re.compile(r"\| (train|valid) \| epoch (\d+) \|")
+
+
+def read_lines(path):
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def training_log(path):
+    """Per epoch, fairseq-train's end-of-epoch training and validation fields, from its log.
+
+    An epoch logged twice (an attempt killed after logging it but before saving its checkpoint,
+    then run again) counts once: the last attempt's lines win."""
+    train, valid = {}, {}
+    for line in read_lines(path) if Path(path).exists() else []:
+        match = _EPOCH_LINE.search(line)
+        if match:
+            fields = {name: float(value) for name, value in _FIELD.findall(line[match.end() - 2:])}
+            (train if match.group(1) == "train" else valid)[int(match.group(2))] = fields
+    return train, valid
+
+
+def run_summary(run_dir):
+    """Updates, tokens/s, the validation curve and wall time of one run."""
+    train, valid = training_log(run_dir / "train.log")
+    epochs = sorted(train)
+    updates = int(train[epochs[-1]]["num_updates"]) if epochs else 0
+    tokens, seconds, previous = 0.0, 0.0, 0
+    for epoch in epochs:  # target tokens per second of training (fairseq's wpb x updates / train_wall)
+        fields = train[epoch]
+        tokens += fields["wpb"] * (fields["num_updates"] - previous)
+        seconds += fields["train_wall"]
+        previous = fields["num_updates"]
+    curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
+    attempts = [json.loads(line) for line in read_lines(run_dir / "attempts.jsonl")] if (run_dir / "attempts.jsonl").exists() else []
+    return {
+        "updates": updates,
+        "epochs": len(epochs),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+        "best_valid_loss": min(loss for _, loss in curve) if curve else None,
+        "valid_curve": curve,
+        "wall_s": round(sum(a["wall_s"] for a in attempts), 1),
+        "attempts": len(attempts),
+    }
+
+
+def test_set_scores(run_dir, name, subset, target_lang):
+    """sacreBLEU (the recipe's, with signature), chrF and lowercased 13a BLEU of one test set."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    scored = json.loads((run_dir / "score" / name / "scores.json").read_text())
+    hypotheses = read_lines(run_dir / "score" / name / f"{subset}.hyp.{target_lang}")
+    references = read_lines(scored["reference"])
+    chrf, lowercase = CHRF(), BLEU(lowercase=True)
+    return {
+        "sacrebleu": scored["sacrebleu"],
+        "signature": scored["sacrebleu_signature"],
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+        "chrf_signature": str(chrf.get_signature()),
+        "bleu_lc": lowercase.corpus_score(hypotheses, [references]).score,
+        "bleu_lc_signature": str(lowercase.get_signature()),
+        "hypotheses": f"{run_dir / 'score' / name / f'{subset}.hyp.{target_lang}'}",
+        "reference": scored["reference"],
+    }
+
+
+def paired_bootstrap(system, baseline, references):
+    """sacrebleu's paired bootstrap resampling (--paired-bs, 1,000 samples, its fixed seed): the
+    BLEU difference system - baseline and its p-value."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU()}, [references],
+                      test_type="bs", n_samples=BOOTSTRAP_SAMPLES)  # fmt: skip
+    _, scores = test()
+    base, result = scores["BLEU"]
+    return result.score - base.score, result.p_value
+
+
+def comparisons(runs):
+    """Each pair of COMPARISONS, on each test set, for each seed that both variants finished."""
+    by_key = {(r["variant"], r["seed"]): r for r in runs}
+    found = []
+    for a, b in COMPARISONS:
+        for seed in sorted({r["seed"] for r in runs}):
+            if (a, seed) not in by_key or (b, seed) not in by_key:
+                continue
+            for name, score_a in by_key[a, seed]["test_sets"].items():
+                score_b = by_key[b, seed]["test_sets"][name]
+                delta, p_value = paired_bootstrap(read_lines(score_a["hypotheses"]), read_lines(score_b["hypotheses"]),
+                                                  read_lines(score_a["reference"]))  # fmt: skip
+                found.append({"a": a, "b": b, "test_set": name, "seed": seed, "delta": round(delta, 2),
+                              "p_value": round(p_value, 4)})  # fmt: skip
+    return found
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _cell(values, digits=2, scale=1.0):
+    mean, std = mean_std([v * scale if v is not None else None for v in values])
+    if mean is None:
+        return "—"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def summary(runs, variants):
+    """Per variant: the mean and sample standard deviation over its seeds."""
+    out = {}
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant]
+        if not mine:
+            continue
+        entry = {"seeds": [r["seed"] for r in mine]}
+        for key in ("updates", "wall_s", "tokens_per_s", "best_valid_loss"):
+            entry[key] = dict(zip(("mean", "std"), mean_std([r[key] for r in mine])))
+        for name in mine[0]["test_sets"]:
+            entry[name] = {metric: dict(zip(("mean", "std"), mean_std([r["test_sets"][name][metric] for r in mine])))
+                           for metric in ("sacrebleu", "chrf", "bleu_lc")}  # fmt: skip
+        out[variant] = entry
+    return out
+
+
+def table(runs, variants, comparisons_found, title):
+    """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons."""
+    lines = [title, ""]
+    names = list(runs[0]["test_sets"]) if runs else []
+    for name in names:
+        lines += [f"**{name}** (mean ± sample std over seeds)", "",
+                  "| variant | seeds | sacreBLEU | chrF | BLEU (lowercased, 13a) | best valid loss | updates | wall (min) | tokens/s |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for variant in variants:
+            mine = [r for r in runs if r["variant"] == variant]
+            if not mine:
+                continue
+            scores = [r["test_sets"][name] for r in mine]
+            lines.append(
+                f"| {variant} | {','.join(str(r['seed']) for r in mine)} | {_cell([s['sacrebleu'] for s in scores])} "
+                f"| {_cell([s['chrf'] for s in scores])} | {_cell([s['bleu_lc'] for s in scores])} "
+                f"| {_cell([r['best_valid_loss'] for r in mine], 3)} | {_cell([r['updates'] for r in mine], 0)} "
+                f"| {_cell([r['wall_s'] for r in mine], 1, 1 / 60)} | {_cell([r['tokens_per_s'] for r in mine], 0)} |"
+            )  # fmt: skip
+        first = scores[0]
+        lines += ["", f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
+                      f"lowercased BLEU: {first['bleu_lc_signature']}", ""]  # fmt: skip
+    if comparisons_found:
+        lines += [f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), sacreBLEU of a minus b, seed by seed:", "",
+                  "| a | b | test set | seed | Δ BLEU | p-value |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for c in comparisons_found:
+            lines.append(f"| {c['a']} | {c['b']} | {c['test_set']} | {c['seed']} | {c['delta']:+.2f} | {c['p_value']:.3f} |")
+    return "\n".join(lines)
+
+
+def write_translations(runs, folder, repo):
+    """Each run's hypotheses, gzipped (reproducibly: no name or time in the header), into folder;
+    the runs' `translations` become those paths, relative to the repository when inside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        for name, score in run["test_sets"].items():
+            target = folder / f"{run['variant']}.seed{run['seed']}.{name}.{Path(score['hypotheses']).suffix[1:]}.gz"
+            data = Path(score["hypotheses"]).read_bytes()
+            with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+                f.write(data)
+            resolved = target.resolve()
+            score["translations"] = str(resolved.relative_to(repo) if resolved.is_relative_to(repo) else resolved)
+
+
+def figures(runs, variants, folder, stem, what):
+    """Two PNGs: validation loss against updates (seeds as a band), and test sacreBLEU per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    present = [v for v in variants if any(r["variant"] == v for r in runs)]
+    colours = dict(zip(present, plt.get_cmap("tab10").colors))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    tail = []
+    for variant in present:
+        curves = [r["valid_curve"] for r in runs if r["variant"] == variant and r["valid_curve"]]
+        length = min(len(c) for c in curves)
+        updates = [statistics.mean(c[i][0] for c in curves) for i in range(length)]
+        losses = [[c[i][1] for c in curves] for i in range(length)]
+        ax.plot(updates, [statistics.mean(v) for v in losses], color=colours[variant],
+                label=f"{variant} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")  # fmt: skip
+        if len(curves) > 1:
+            ax.fill_between(updates, [min(v) for v in losses], [max(v) for v in losses], color=colours[variant], alpha=0.25)
+        tail += [loss for v in losses[length // 4:] for loss in v]
+    if tail:  # the first epochs' losses are far above the rest: show where the variants differ
+        ax.set_ylim(min(tail) - 0.05, max(tail) + 0.05)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
+    ax.set_title(f"Validation loss during training, mean over seeds (band: min–max)\n{what}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths = [folder / f"{stem}.valid-loss.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    names = list(runs[0]["test_sets"]) if runs else []
+    fig, axes = plt.subplots(1, len(names), figsize=(max(6, 1.5 * len(present)) * len(names), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for i, variant in enumerate(present):
+            scores = [r["test_sets"][name]["sacrebleu"] for r in runs if r["variant"] == variant]
+            ax.scatter([i] * len(scores), scores, color=colours[variant], zorder=3, label="seeds" if i == 0 else None)
+            ax.hlines(statistics.mean(scores), i - 0.3, i + 0.3, color="black", label="mean" if i == 0 else None)
+        ax.set_xticks(range(len(present)), present)
+        ax.set_ylabel("sacreBLEU")
+        ax.set_title(f"Test sacreBLEU on {name}, each seed and the mean\n{what}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    paths.append(folder / f"{stem}.bleu.png")
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths
