@@ -34,6 +34,7 @@ such as -lr0.002 when --lr, --warmup, --epochs or --layers differ from the prese
 """
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import platform
@@ -199,7 +200,7 @@ class Runner:
 
     def __init__(self, args, data_dir, shared_flags):
         self.args, self.data_dir, self.shared_flags = args, data_dir, shared_flags
-        self.running, self.lock, self.stopping = set(), threading.Lock(), False
+        self.running, self.lock, self.stopping, self.locks = set(), threading.Lock(), False, []
 
     def command(self, variant, seed, run_dir):
         # variant flags after the shared ones: admin-radam's --warmup-updates 0 must win
@@ -211,6 +212,12 @@ class Runner:
         if finished_test_sets(run_dir) is not None:
             return None
         run_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / "lock", "w")  # held until this process ends: one trainer per run folder
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f"{run_dir} is being trained by another process (it holds {run_dir / 'lock'})"
+        self.locks.append(lock)
         if not (run_dir / "bin").exists():
             (run_dir / "bin").symlink_to(os.path.relpath(self.data_dir / "bin", run_dir))  # the same data for every run
         cmd = self.command(variant, seed, run_dir)
