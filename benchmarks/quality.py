@@ -19,18 +19,19 @@ Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers
   cpu    4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, label smoothing 0.1, Adam (0.9, 0.98)
          peak lr 4e-3 after 400 warm-up updates, then linear decay to 0 at the end of epoch 20
          (the RealFormer paper's schedule for NMT); 4,096 tokens a batch, ~132 updates an epoch.
-         One run takes ~40 min alone on 2 CPU cores (benchmarks/RESULTS.md: how the lr was chosen)
+         On an idle 2-core CPU an epoch takes ~100 s, so a run ~35-40 min (benchmarks/RESULTS.md:
+         how the learning rate was chosen, and the times measured)
   --quick  the recipe's --tiny mode (first 300 lines, width 32) with 2+2 layers, 2 epochs: its
          BLEU says the pipeline works, not which model is better
 
 The study can be stopped at any time (Ctrl-C, or kill its process group) and run again with the
 same command: finished runs are skipped and an interrupted run resumes from its last epoch
 checkpoint. Seed 1 of every variant runs first, then seed 2, ..., so partial results stay
-balanced. --jobs N trains N runs side by side with one thread each (on 2 cores, two one-thread
-runs make ~5,250 target tokens/s together against ~4,500 for one two-thread run).
+balanced. --jobs N trains N runs side by side with one thread each: on this project's 2-core
+machine two one-thread runs made ~5,250 target tokens/s together, one two-thread run ~4,500.
 
-Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; a name suffix
-such as -lr0.002 when --lr, --warmup, --epochs or --layers differ from the preset).
+Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; with --lr,
+--warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS).
 """
 import argparse
 import datetime
@@ -118,11 +119,9 @@ def parse_args(argv=None):
         p.error(f"--lr {args.lr}: must be positive")
     args.preset_name = "quick" if args.quick else args.preset
     preset = PRESETS[args.preset_name]
-    suffix = "".join(f"-{name}{value:g}" for name, value, default in (
-        ("lr", args.lr, preset.lr), ("warmup", args.warmup, preset.warmup),
-        ("epochs", args.epochs, preset.epochs), ("layers", args.layers, preset.layers),
-    ) if value is not None and value != default)  # fmt: skip
-    args.run_suffix = suffix
+    # runs with other settings than the preset's get their own folders: OUT/post-ln-lr0.002/seed1
+    args.run_suffix = "".join(f"-{name}{getattr(args, name):g}" for name in ("lr", "warmup", "epochs", "layers")
+                              if getattr(args, name) is not None)  # fmt: skip
     args.epochs = args.epochs or preset.epochs
     args.layers = args.layers or preset.layers
     args.lr = args.lr or preset.lr
