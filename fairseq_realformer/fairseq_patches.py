@@ -18,9 +18,10 @@ checkpoint allow-list  checkpoint_utils                  torch.load(weights_only
 missing checkpoints    checkpoint_utils                  fairseq-generate/-interactive, the
                        .load_model_ensemble_and_task,    hub: a missing file or folder named
                        hub_utils.from_pretrained         in one line
-fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file that does not exist;
-                                                         ADMIN's ω from data before the
-                                                         optimizer exists (our models)
+fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file or
+                                                         --finetune-from-model that does not
+                                                         exist; ADMIN's ω from data before
+                                                         the optimizer exists (our models)
 half precision         Trainer.__init__                  --fp16/--bf16/--amp without a GPU:
                                                          one line, not a deep traceback
 ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
@@ -146,7 +147,7 @@ def _keep_last_batch(batch_by_size):
 def _start_training(load_checkpoint):
     """fairseq-train's start: the checkpoint files it is told to start from are named when
     missing, then ADMIN's ω are set from data (each step below)."""
-    return _initialize_admin_after_loading(_refuse_missing_restore_file(load_checkpoint))
+    return _initialize_admin_after_loading(_refuse_missing_restore_file(_name_missing_finetune_model(load_checkpoint)))
 
 
 def _initialize_admin_after_loading(load_checkpoint):
@@ -280,6 +281,30 @@ def _refuse_missing_restore_file(load_checkpoint):
         return load_checkpoint(cfg, trainer, **kwargs)
 
     return load_checkpoint_refusing_a_missing_restore_file
+
+
+def _name_missing_finetune_model(load_checkpoint):
+    """fairseq-train with ``--finetune-from-model FILE`` that does not exist stops with a
+    traceback (``ValueError: --finetune-from-model FILE does not exist``); name the file in one
+    line instead, as ``--restore-file`` is (a damaged file is named by the loader:
+    ``checkpoints.guarded``).
+
+    A stock ``transformer`` run: only that message changes. fairseq decides, as before, whether
+    the file is needed (a first launch without ``checkpoint_last.pt``) and whether it exists;
+    the error stays a ``ValueError``. If fairseq reworded its message, its own error passes
+    through unchanged."""
+
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_naming_a_missing_finetune_model(cfg, trainer, **kwargs):
+        try:
+            return load_checkpoint(cfg, trainer, **kwargs)
+        except ValueError as error:
+            path = getattr(cfg, "finetune_from_model", None)
+            if path is None or str(error) != f"--finetune-from-model {path} does not exist":
+                raise
+            raise RealformerConfigError(f"--finetune-from-model {path}: no such checkpoint file") from None
+
+    return load_checkpoint_naming_a_missing_finetune_model
 
 
 def _half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:
