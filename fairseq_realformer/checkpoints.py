@@ -9,10 +9,12 @@ fairseq checkpoints contain, only while a checkpoint is loaded: ``guarded`` wrap
 scripts. Anything else is refused with a message that names the global and says how a user who
 trusts the file opts in.
 
-A file that cannot be a checkpoint (missing, empty, cut short by an interrupted save or copy, not
-written by ``torch.save``, or a torch file without fairseq's ``model`` and ``cfg``) is named with
-what is wrong with it (``DamagedCheckpointError``), instead of the error that torch or fairseq
-happens to raise deep inside (``EOFError``, ``KeyError: 101``, a zip reader's message).
+A file that a loader fails on because it cannot be a checkpoint (missing, empty, cut short by an
+interrupted save or copy, not written by ``torch.save``, or a torch file without fairseq's
+``model`` and ``cfg``) is named with what is wrong with it (``DamagedCheckpointError``), instead of
+the error that torch or fairseq happens to raise deep inside (``EOFError``, ``KeyError: 101``, a zip
+reader's message). A file that fairseq's loader accepts is never refused: the guard asks of what
+it returns only what that loader's callers read.
 """
 import argparse
 import functools
@@ -36,6 +38,11 @@ class UntrustedCheckpointError(RealformerConfigError, pickle.UnpicklingError):
 
 class DamagedCheckpointError(RealformerConfigError):
     """A checkpoint file that is missing, empty, cut short, not a torch file, or not fairseq's."""
+
+
+class MissingCheckpointError(DamagedCheckpointError, FileNotFoundError):
+    """A checkpoint path where there is no file: still the ``OSError`` that fairseq's and torch's
+    loaders raise for it, for callers that catch that."""
 
 
 # How torch.save's files begin: a zip archive (torch >= 1.6), or the legacy format's pickled
@@ -76,9 +83,9 @@ def allowed_globals() -> List[object]:
     return [argparse.Namespace, *_numpy_globals(), *_user_allowed_globals()]
 
 
-def missing(path) -> DamagedCheckpointError:
+def missing(path) -> MissingCheckpointError:
     """The error for a checkpoint path where there is no file."""
-    return DamagedCheckpointError(f"{path}: no such checkpoint file")
+    return MissingCheckpointError(f"{path}: no such checkpoint file")
 
 
 def _file_damage(path) -> Optional[RealformerConfigError]:
@@ -160,10 +167,28 @@ def _refusal(path, error: Exception) -> RealformerConfigError:
     )
 
 
-def guarded(load: Callable) -> Callable:
+def holds_model(path, state) -> Optional[DamagedCheckpointError]:
+    """What ``load_ema_from_checkpoint``'s caller (``EMA.__init__``) reads of its result: the
+    parameters under 'model' (fairseq puts the EMA weights there)."""
+    if isinstance(state, dict) and "model" in state:
+        return None
+    return DamagedCheckpointError(f"{path}: the EMA loader found no 'model' in it")
+
+
+def guarded(load: Callable, needs: Optional[Callable[[object, object], Optional[RealformerConfigError]]] = None) -> Callable:
     """Wrap a loader whose first argument is a checkpoint path and which returns the checkpoint:
-    fairseq's globals are allowed while it runs, and a file that cannot be a fairseq checkpoint
-    raises a ``RealformerConfigError`` that says what is wrong with it."""
+    fairseq's globals are allowed while it runs, and when it fails on a file that cannot be a
+    fairseq checkpoint, a ``RealformerConfigError`` says what is wrong with the file.
+
+    What the loader returns is handed back as it is. *needs* (path, state -> error or None) is
+    what the loader's callers read of it, checked before it is handed back; without it nothing
+    is asked beyond what the loader itself read (``load_checkpoint_to_cpu`` reads its
+    'optimizer_history' and 'extra_state', or their pre-0.10 forms, and fails on a file without
+    them).
+
+    A stock ``transformer``'s checkpoints: they load as fairseq loads them with the protection
+    off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, without which fairseq cannot load them on torch
+    >= 2.6), and the loader's result comes back unchanged."""
 
     @functools.wraps(load)
     def load_with_allowed_globals(path, *args, **kwargs):
@@ -177,7 +202,7 @@ def guarded(load: Callable) -> Callable:
                 if reason is None:
                     raise
                 raise reason from None
-        problem = _not_fairseq(path, state)
+        problem = needs(path, state) if needs is not None else None
         if problem is not None:
             raise problem
         return state
@@ -185,11 +210,11 @@ def guarded(load: Callable) -> Callable:
     return load_with_allowed_globals
 
 
-@guarded
+@functools.partial(guarded, needs=_not_fairseq)
 def read_checkpoint(path, map_location="cpu", mmap=False):
-    """``torch.load`` a fairseq checkpoint file as fairseq would, safely (for our own scripts).
-    With *mmap*, a zip-format file's tensors are mapped, not read: a cheap check that the file
-    loads."""
+    """``torch.load`` a fairseq checkpoint file as fairseq would, safely (for our own scripts,
+    which read its 'model' and 'cfg'). With *mmap*, a zip-format file's tensors are mapped, not
+    read: a cheap check that the file loads."""
     if mmap and zipfile.is_zipfile(path):
         return torch.load(path, map_location=map_location, mmap=True)
     with open(path, "rb") as f:

@@ -18,15 +18,23 @@ checkpoint allow-list  checkpoint_utils                  torch.load(weights_only
 missing checkpoints    checkpoint_utils                  fairseq-generate/-interactive, the
                        .load_model_ensemble_and_task,    hub: a missing file or folder named
                        hub_utils.from_pretrained         in one line
-fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file that does not exist;
-                                                         ADMIN's ω from data before the
-                                                         optimizer exists
+fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file or
+                                                         --finetune-from-model that does not
+                                                         exist; ADMIN's ω from data before
+                                                         the optimizer exists (our models)
 half precision         Trainer.__init__                  --fp16/--bf16/--amp without a GPU:
                                                          one line, not a deep traceback
 ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
                        fairseq_cli.interactive.main      float32
 one-line errors        sys.excepthook                    RealformerConfigError as one line
 =====================  ================================  =====================================
+
+Loaded, the plugin is meant to change nothing for fairseq's own models: each patch's docstring
+says what it does to a stock ``transformer`` run. Three differences are deliberate and apply to
+every model alike: the batching fix (a tail fairseq drops is kept), a ``--restore-file`` that does
+not exist (refused, where fairseq trains from scratch), and ``--amp`` or
+``--memory-efficient-fp16`` without a GPU (refused, where fairseq trains in float32 or emulated
+float16). Everything else only turns a failure into a one-line message.
 """
 import functools
 import importlib.util
@@ -45,6 +53,7 @@ from fairseq.file_io import PathManager
 
 from . import checkpoints
 from .errors import RealformerConfigError
+from .models.realformer import RealformerModel
 from .modules import admin
 
 MARKER = "__patched_by_realformer__"
@@ -63,12 +72,12 @@ def install() -> None:
     # fairseq-generate, -interactive and the hub load through load_model_ensemble_and_task
     _patch(checkpoint_utils, "load_checkpoint_to_cpu", checkpoints.guarded,
            call_sites=[fairseq.trainer.Trainer.load_checkpoint, checkpoint_utils.load_model_ensemble_and_task])  # fmt: skip
-    _patch(checkpoint_utils, "load_ema_from_checkpoint", checkpoints.guarded, call_sites=[EMA.__init__])
+    _patch(checkpoint_utils, "load_ema_from_checkpoint", lambda load: checkpoints.guarded(load, needs=checkpoints.holds_model),
+           call_sites=[EMA.__init__])  # fmt: skip
     _patch(checkpoint_utils, "load_model_ensemble_and_task", _name_missing_checkpoints,
            call_sites=[checkpoint_utils.load_model_ensemble, hub_utils.from_pretrained])  # fmt: skip
     _patch(hub_utils, "from_pretrained", _name_missing_folders, call_sites=[BaseFairseqModel.from_pretrained])
-    _patch(checkpoint_utils, "load_checkpoint", lambda load: _initialize_admin_after_loading(_refuse_missing_restore_file(load)),
-           call_sites=[fairseq_cli.train.main])  # fmt: skip
+    _patch(checkpoint_utils, "load_checkpoint", _start_training, call_sites=[fairseq_cli.train.main])
     _patch(fairseq.trainer.Trainer, "__init__", _refuse_half_precision_without_gpu, call_sites=[fairseq_cli.train.main])
     for cli in (fairseq_cli.generate, fairseq_cli.interactive):
         _patch(cli, "main", _report_ignored_bf16, call_sites=[cli.cli_main])
@@ -111,7 +120,15 @@ def _keep_last_batch(batch_by_size):
 
     Call site: ``FairseqDataset.batch_by_size`` (every dataset's batching) calls
     ``data_utils.batch_by_size``. If fairseq's batches stop being an in-order split of the
-    indices, nothing is appended (the original's batches are returned as they are)."""
+    indices, nothing is appended (the original's batches are returned as they are).
+
+    A stock ``transformer`` run: fairseq's own batches, plus the tail fairseq dropped as one more
+    batch. Where fairseq's batches already hold every sentence (e.g. with
+    ``--required-batch-size-multiple 1``) nothing changes. Where it drops a tail, the difference
+    is this fix, for every model alike: fairseq-generate translates every sentence, validation
+    scores every sentence, and training also trains on the tail (fairseq drops the same longest
+    sentences every epoch): one more update per epoch, so losses and checkpoints differ from
+    fairseq's alone from the first epoch that had a dropped tail."""
 
     @functools.wraps(batch_by_size)
     def batch_by_size_keeping_every_index(indices, *args, **kwargs):
@@ -127,6 +144,12 @@ def _keep_last_batch(batch_by_size):
     return batch_by_size_keeping_every_index
 
 
+def _start_training(load_checkpoint):
+    """fairseq-train's start: the checkpoint files it is told to start from are named when
+    missing, then ADMIN's ω are set from data (each step below)."""
+    return _initialize_admin_after_loading(_refuse_missing_restore_file(_name_missing_finetune_model(load_checkpoint)))
+
+
 def _initialize_admin_after_loading(load_checkpoint):
     """Set ADMIN's ω from data (``--admin-init profile`` / ``--admin-init-path``) in
     fairseq-train right after it has loaded the checkpoint and the training data and before it
@@ -136,14 +159,20 @@ def _initialize_admin_after_loading(load_checkpoint):
 
     Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.load_checkpoint(cfg.checkpoint,
     trainer, ...)`` and gets ``(extra_state, epoch_itr)``. If fairseq stopped calling it there,
-    the model's guard refuses the first training step with a message (never trains on unset ω)."""
+    the model's guard refuses the first training step with a message (never trains on unset ω).
+
+    A stock ``transformer`` run: nothing. Only a ``RealformerModel`` is asked whether ω are
+    pending; any other model is asked nothing, and fairseq's result comes back as it is, also
+    with stand-in trainers and models (fairseq's own tests use ``MagicMock``)."""
 
     @functools.wraps(load_checkpoint)
     def load_checkpoint_then_initialize_admin(cfg, trainer, **kwargs):
-        extra_state, epoch_itr = load_checkpoint(cfg, trainer, **kwargs)
+        loaded = load_checkpoint(cfg, trainer, **kwargs)
         model = trainer.get_model()
-        if admin.pending(model):
-            admin.initialize(model, _first_batch_of_this_rank(trainer, epoch_itr)["net_input"])
+        if not (isinstance(model, RealformerModel) and admin.pending(model)):
+            return loaded  # any other model (or a test's stand-in), untouched and unasked
+        extra_state, epoch_itr = loaded
+        admin.initialize(model, _first_batch_of_this_rank(trainer, epoch_itr)["net_input"])
         return extra_state, epoch_itr
 
     return load_checkpoint_then_initialize_admin
@@ -170,7 +199,11 @@ def _name_missing_checkpoints(load_model_ensemble_and_task):
     Call site: ``checkpoint_utils.load_model_ensemble`` (fairseq-generate, fairseq-interactive)
     and ``hub_utils.from_pretrained`` call it with the checkpoint paths; each shard's file name is
     fairseq's own ``get_maybe_sharded_checkpoint_filename``. If fairseq renamed these arguments,
-    nothing is checked here and fairseq's own check (a traceback) runs as before."""
+    nothing is checked here and fairseq's own check (a traceback) runs as before.
+
+    A stock ``transformer`` run: files that exist load as before (the check only asks
+    ``PathManager.exists``, as fairseq does next); a missing one fails as before, with a
+    ``MissingCheckpointError`` (still an ``OSError``) naming it."""
     signature = inspect.signature(load_model_ensemble_and_task)
 
     @functools.wraps(load_model_ensemble_and_task)
@@ -195,7 +228,11 @@ def _name_missing_folders(from_pretrained):
     *archive_map*) and URLs are left to fairseq.
 
     Call site: ``BaseFairseqModel.from_pretrained`` (every model's, ``RealformerModel``'s too)
-    imports ``hub_utils`` and calls ``hub_utils.from_pretrained``."""
+    imports ``hub_utils`` and calls ``hub_utils.from_pretrained``.
+
+    A stock ``transformer``'s ``from_pretrained``: folders that exist, published names and URLs
+    go to fairseq untouched; a local folder that does not exist, which fairseq fails on with a
+    ``TypeError``, is named instead."""
     signature = inspect.signature(from_pretrained)
 
     @functools.wraps(from_pretrained)
@@ -227,7 +264,12 @@ def _refuse_missing_restore_file(load_checkpoint):
 
     Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.load_checkpoint(cfg.checkpoint,
     trainer)``, which loads ``cfg.restore_file`` with the trainer's ``checkpoint_suffix`` before
-    '.pt', unless it is the default name ``checkpoint_last.pt``."""
+    '.pt', unless it is the default name ``checkpoint_last.pt``.
+
+    A stock ``transformer`` run: the same refusal, the one deliberate difference from fairseq
+    here (fairseq would train it from scratch). A file that exists, or the default name, goes to
+    fairseq untouched; the check reads only ``cfg.restore_file``, the trainer's
+    ``checkpoint_suffix`` and ``PathManager.isfile``, as fairseq does."""
 
     @functools.wraps(load_checkpoint)
     def load_checkpoint_refusing_a_missing_restore_file(cfg, trainer, **kwargs):
@@ -239,6 +281,30 @@ def _refuse_missing_restore_file(load_checkpoint):
         return load_checkpoint(cfg, trainer, **kwargs)
 
     return load_checkpoint_refusing_a_missing_restore_file
+
+
+def _name_missing_finetune_model(load_checkpoint):
+    """fairseq-train with ``--finetune-from-model FILE`` that does not exist stops with a
+    traceback (``ValueError: --finetune-from-model FILE does not exist``); name the file in one
+    line instead, as ``--restore-file`` is (a damaged file is named by the loader:
+    ``checkpoints.guarded``).
+
+    A stock ``transformer`` run: only that message changes. fairseq decides, as before, whether
+    the file is needed (a first launch without ``checkpoint_last.pt``) and whether it exists;
+    the error stays a ``ValueError``. If fairseq reworded its message, its own error passes
+    through unchanged."""
+
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_naming_a_missing_finetune_model(cfg, trainer, **kwargs):
+        try:
+            return load_checkpoint(cfg, trainer, **kwargs)
+        except ValueError as error:
+            path = getattr(cfg, "finetune_from_model", None)
+            if path is None or str(error) != f"--finetune-from-model {path} does not exist":
+                raise
+            raise RealformerConfigError(f"--finetune-from-model {path}: no such checkpoint file") from None
+
+    return load_checkpoint_naming_a_missing_finetune_model
 
 
 def _half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:
@@ -270,7 +336,13 @@ def _refuse_half_precision_without_gpu(trainer_init):
     built; with a GPU nothing changes.
 
     Call site: ``fairseq_cli.train.main`` (fairseq-train, and fairseq-hydra-train's ``pre_main``)
-    builds its ``Trainer(cfg, ...)``, which chooses the device and the precision."""
+    builds its ``Trainer(cfg, ...)``, which chooses the device and the precision.
+
+    A stock ``transformer`` run: with a CUDA GPU (and without ``--cpu``), or without these
+    flags, nothing; the check reads only ``cfg.common``. Without a GPU, --fp16 and --bf16 fail in
+    fairseq too (now in one line), while --amp and --memory-efficient-fp16, which fairseq runs
+    in float32 or emulated float16, are refused as well: a deliberate difference, for every
+    model alike."""
 
     @functools.wraps(trainer_init)
     def init_refusing_half_precision_without_gpu(self, cfg, *args, **kwargs):
@@ -288,7 +360,9 @@ def _report_ignored_bf16(main):
     never --bf16: they translate in float32 without a word. Say so before they start.
 
     Call site: ``cli_main`` calls ``main(args)`` (fairseq-generate) or hands ``main`` to
-    ``distributed_utils.call_main`` (fairseq-interactive), looking it up in its module."""
+    ``distributed_utils.call_main`` (fairseq-interactive), looking it up in its module.
+
+    A stock ``transformer``: the same translation; with --bf16 one warning line on stderr."""
 
     @functools.wraps(main)
     def main_reporting_ignored_bf16(cfg, *args, **kwargs):
@@ -311,7 +385,11 @@ def _one_line_errors(previous_hook):
     """fairseq's CLIs let exceptions from model construction escape as deep tracebacks; for
     mistakes the user fixes by changing a flag or a file (``RealformerConfigError``), the
     message is all that helps: ``fairseq-train: error: ...``. Every other exception goes to the
-    previous hook unchanged."""
+    previous hook unchanged.
+
+    A stock ``transformer`` run: only the plugin's own errors (``RealformerConfigError``: the
+    patches above, e.g. a missing --restore-file) are shortened; fairseq's exceptions print
+    their tracebacks as before."""
 
     def print_config_errors_as_one_line(exc_type, exc, tb):
         if issubclass(exc_type, RealformerConfigError):

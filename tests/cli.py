@@ -53,10 +53,10 @@ def command(program, *args):
     return [str(BIN / program), *map(str, args)]
 
 
-def run(program, *args, cwd=REPO, stdin=None, check=True, timeout=900):
-    """Run *program* as a user does (see ``command``), in a clean environment; with *check*,
-    a failure raises with the end of its output."""
-    result = subprocess.run(command(program, *args), cwd=cwd, env=clean_env(), input=stdin,
+def run(program, *args, cwd=REPO, stdin=None, check=True, timeout=900, env=None):
+    """Run *program* as a user does (see ``command``), in a clean environment (plus *env*); with
+    *check*, a failure raises with the end of its output."""
+    result = subprocess.run(command(program, *args), cwd=cwd, env={**clean_env(), **(env or {})}, input=stdin,
                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if check and result.returncode != 0:
         raise AssertionError(f"{program} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")

@@ -92,3 +92,28 @@ def test_allow_list_is_scoped_to_checkpoint_loading(tmp_path, no_trust_env):
     torch.save({"args": argparse.Namespace(a=1)}, path)
     with pytest.raises(Exception, match="Namespace"):
         torch.load(path)
+
+
+# --- the guard asks of a file only what the guarded fairseq loader reads --------------------------
+
+
+def test_an_ema_checkpoint_with_only_model_and_extra_state_loads(tmp_path, no_trust_env):
+    """fairseq's load_ema_from_checkpoint (--ema-seed-model) reads the EMA weights from
+    extra_state and hands them on as 'model'; no 'cfg' is needed, so none is asked for."""
+    path = tmp_path / "ema.pt"
+    ema = {"encoder.embed_tokens.weight": torch.randn(4, 2)}
+    torch.save({"model": {"encoder.embed_tokens.weight": torch.zeros(4, 2)}, "extra_state": {"ema": ema}}, path)
+    state = checkpoint_utils.load_ema_from_checkpoint(str(path))
+    assert torch.equal(state["model"]["encoder.embed_tokens.weight"], ema["encoder.embed_tokens.weight"])
+
+
+def test_a_checkpoint_without_cfg_loads_as_fairseq_loads_it(tmp_path, no_trust_env):
+    """load_checkpoint_to_cpu reads optimizer_history and extra_state, not 'cfg': fairseq's
+    Trainer resumes from such a file, so it comes back as fairseq returns it."""
+    path = tmp_path / "checkpoint.pt"
+    state = fairseq_like_state()
+    del state["args"], state["cfg"]
+    torch.save(state, path)
+    loaded = checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert "cfg" not in loaded and torch.equal(loaded["model"]["encoder.embed_tokens.weight"],
+                                               state["model"]["encoder.embed_tokens.weight"])  # fmt: skip

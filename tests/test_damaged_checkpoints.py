@@ -96,6 +96,7 @@ def test_generate_and_interactive(damaged, kind):
     with pytest.raises(DamagedCheckpointError) as error:
         checkpoint_utils.load_model_ensemble([str(damaged[kind])])
     assert str(error.value) == told(kind, damaged[kind])
+    assert isinstance(error.value, OSError) == (kind == "missing")  # as fairseq's own error for it
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
@@ -119,6 +120,18 @@ def test_train_restore_file(trainer, damaged, kind):
         load_checkpoint(trainer, restore_file=path)
     if kind == "missing":  # fairseq would train from scratch without a word
         assert str(error.value) == f"--restore-file {path}: no such checkpoint file (fairseq-train would train from scratch)"
+    else:
+        assert isinstance(error.value, DamagedCheckpointError) and str(error.value) == told(kind, path)
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_train_finetune_from_model(trainer, damaged, kind):
+    """A first launch (no checkpoint_last.pt in the save dir) starts from --finetune-from-model."""
+    path = str(damaged[kind])
+    with pytest.raises(ValueError) as error:
+        load_checkpoint(trainer, finetune_from_model=path)
+    if kind == "missing":
+        assert str(error.value) == f"--finetune-from-model {path}: no such checkpoint file"
     else:
         assert isinstance(error.value, DamagedCheckpointError) and str(error.value) == told(kind, path)
 
@@ -179,6 +192,13 @@ def test_fairseq_train_names_a_missing_restore_file(damaged, tmp_path):
     result = run("fairseq-train", DATA, *TRAIN, "--save-dir", tmp_path, "--restore-file", path, check=False)
     assert_one_line_error(result, f"fairseq-train: error: --restore-file {path}: no such checkpoint file "
                                   f"(fairseq-train would train from scratch)")  # fmt: skip
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_fairseq_train_names_a_missing_finetune_model(damaged, tmp_path):
+    path = damaged["missing"]
+    result = run("fairseq-train", DATA, *TRAIN, "--save-dir", tmp_path, "--finetune-from-model", path, check=False)
+    assert_one_line_error(result, f"fairseq-train: error: --finetune-from-model {path}: no such checkpoint file")
     assert not list(tmp_path.glob("*.pt"))
 
 

@@ -79,8 +79,9 @@ def attach(model: nn.Module, options) -> None:
 
 
 def pending(model: nn.Module) -> bool:
-    """ω still have to be set from data (any other model: False)."""
-    return getattr(model, "_admin_pending", False)
+    """ω still have to be set from data (any other model: False, also an object that answers
+    every attribute, such as a ``MagicMock``)."""
+    return getattr(model, "_admin_pending", False) is True
 
 
 @torch.no_grad()
