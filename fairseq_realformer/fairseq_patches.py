@@ -26,6 +26,9 @@ half precision         Trainer.__init__                  --fp16/--bf16/--amp wit
 ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
                        fairseq_cli.interactive.main      float32
 one-line errors        sys.excepthook                    RealformerConfigError as one line
+no empty save dir      checkpoint_utils                  fairseq-train refused by the plugin
+                       .verify_checkpoint_directory      after it made its save dir: taken
+                                                         back when still empty
 =====================  ================================  =====================================
 """
 import functools
@@ -43,7 +46,7 @@ from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
 from fairseq.file_io import PathManager
 
-from . import checkpoints
+from . import checkpoints, folders
 from .errors import RealformerConfigError
 from .modules import admin
 
@@ -72,6 +75,7 @@ def install() -> None:
     _patch(fairseq.trainer.Trainer, "__init__", _refuse_half_precision_without_gpu, call_sites=[fairseq_cli.train.main])
     for cli in (fairseq_cli.generate, fairseq_cli.interactive):
         _patch(cli, "main", _report_ignored_bf16, call_sites=[cli.cli_main])
+    _patch(checkpoint_utils, "verify_checkpoint_directory", _remember_new_save_dir, call_sites=[fairseq_cli.train.main])
     _patch(sys, "excepthook", _one_line_errors, call_sites=[])
 
 
@@ -307,15 +311,39 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c") else "python"
 
 
+# The folders fairseq-train made for its save dir in this process, outermost first.
+_new_save_dirs: list = []
+
+
+def _remember_new_save_dir(verify_checkpoint_directory):
+    """fairseq-train makes its save dir before it builds the model and loads the data, so a run
+    that the plugin refuses after that point (a missing --restore-file, half precision without a
+    GPU, a damaged checkpoint) would leave an empty save dir behind. Remember the folders made
+    here; ``_one_line_errors`` removes those still empty when such an error ends the process.
+    Plugin flags are checked before (``options.check``, while parsing): no folder at all.
+
+    Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.verify_checkpoint_directory(
+    cfg.checkpoint.save_dir)`` on the master process, which makes the folder."""
+
+    @functools.wraps(verify_checkpoint_directory)
+    def verify_remembering_new_folders(save_dir, *args, **kwargs):
+        _new_save_dirs.extend(folders.missing(save_dir))
+        return verify_checkpoint_directory(save_dir, *args, **kwargs)
+
+    return verify_remembering_new_folders
+
+
 def _one_line_errors(previous_hook):
     """fairseq's CLIs let exceptions from model construction escape as deep tracebacks; for
     mistakes the user fixes by changing a flag or a file (``RealformerConfigError``), the
-    message is all that helps: ``fairseq-train: error: ...``. Every other exception goes to the
-    previous hook unchanged."""
+    message is all that helps: ``fairseq-train: error: ...``, and a save dir fairseq-train made
+    for the run is taken back while still empty. Every other exception goes to the previous hook
+    unchanged."""
 
     def print_config_errors_as_one_line(exc_type, exc, tb):
         if issubclass(exc_type, RealformerConfigError):
             print(f"{_prog()}: error: {exc}", file=sys.stderr)
+            folders.remove_empty(_new_save_dirs)
             return
         previous_hook(exc_type, exc, tb)
 
