@@ -20,7 +20,8 @@ missing checkpoints    checkpoint_utils                  fairseq-generate/-inter
                        hub_utils.from_pretrained         in one line
 fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file that does not exist;
                                                          ADMIN's ω from data before the
-                                                         optimizer exists
+                                                         optimizer exists; wall=0 after a
+                                                         resume (a fairseq defect)
 half precision         Trainer.__init__                  --fp16/--bf16/--amp without a GPU:
                                                          one line, not a deep traceback
 ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
@@ -70,7 +71,8 @@ def install() -> None:
     _patch(checkpoint_utils, "load_model_ensemble_and_task", _name_missing_checkpoints,
            call_sites=[checkpoint_utils.load_model_ensemble, hub_utils.from_pretrained])  # fmt: skip
     _patch(hub_utils, "from_pretrained", _name_missing_folders, call_sites=[BaseFairseqModel.from_pretrained])
-    _patch(checkpoint_utils, "load_checkpoint", lambda load: _initialize_admin_after_loading(_refuse_missing_restore_file(load)),
+    _patch(checkpoint_utils, "load_checkpoint",
+           lambda load: _restart_wall_clock(_initialize_admin_after_loading(_refuse_missing_restore_file(load))),
            call_sites=[fairseq_cli.train.main])  # fmt: skip
     _patch(fairseq.trainer.Trainer, "__init__", _refuse_half_precision_without_gpu, call_sites=[fairseq_cli.train.main])
     for cli in (fairseq_cli.generate, fairseq_cli.interactive):
@@ -151,6 +153,31 @@ def _initialize_admin_after_loading(load_checkpoint):
         return extra_state, epoch_itr
 
     return load_checkpoint_then_initialize_admin
+
+
+def _restart_wall_clock(load_checkpoint):
+    """A resumed fairseq-train logs ``wall=0`` on every line, a defect of fairseq itself: its
+    "wall" meter is a ``StopwatchMeter`` (``metrics.log_start_time("wall")`` in
+    ``Trainer.__init__``, never stopped), and ``Trainer.load_checkpoint`` loads the checkpoint's
+    meters, which leaves it stopped (``start_time`` None: elapsed time 0). Right after, fairseq
+    restarts only its ``TimeMeter``s ("since their start times don't make sense anymore"), the
+    kind "wall" was in older fairseq. Restart the stopped wall clock the same way: after a resume,
+    ``wall`` counts the seconds since the checkpoint was loaded, as it counts from the start of a
+    fresh run. A wall clock that runs (a fresh run, any other meter) is left alone.
+
+    Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.load_checkpoint(cfg.checkpoint,
+    trainer)``, which calls ``trainer.load_checkpoint``."""
+    from fairseq.logging import meters, metrics
+
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_restarting_the_wall_clock(*args, **kwargs):
+        loaded = load_checkpoint(*args, **kwargs)
+        wall = metrics.get_meter("default", "wall")
+        if isinstance(wall, meters.StopwatchMeter) and wall.start_time is None:
+            wall.start()
+        return loaded
+
+    return load_checkpoint_restarting_the_wall_clock
 
 
 def _first_batch_of_this_rank(trainer, epoch_itr):

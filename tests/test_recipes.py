@@ -136,6 +136,18 @@ def test_average_names_the_missing_file_or_flag(tmp_path, capsys):
                       "--output", tmp_path / "avg.pt")  # fmt: skip
     assert error == (f"average_checkpoints.py: error: --num-epoch-checkpoints 2: {tmp_path} holds only 1 epoch "
                      f"checkpoints (checkpointE.pt)")  # fmt: skip
+    updates = tmp_path / "updates"  # what --save-interval-updates 50 --no-epoch-checkpoints leaves
+    updates.mkdir()
+    for update in (50, 100, 150):
+        save_checkpoint(updates / f"checkpoint_1_{update}.pt", seed=update)
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", updates, "--num-epoch-checkpoints", "25",
+                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error == (f"average_checkpoints.py: error: --num-epoch-checkpoints 25: {updates} holds 0 epoch checkpoints "
+                     f"(checkpointE.pt) but 3 update checkpoints (checkpoint_E_U.pt): use --num-update-checkpoints")  # fmt: skip
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", updates, "--num-update-checkpoints", "2",
+                      "--checkpoint-upper-bound", "40", "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error == (f"average_checkpoints.py: error: --num-update-checkpoints 2: {updates} holds only 0 update "
+                     f"checkpoints (checkpoint_E_U.pt) numbered <= --checkpoint-upper-bound 40")  # fmt: skip
     (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
     error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "broken.pt",
                       "--output", tmp_path / "avg.pt")  # fmt: skip
