@@ -308,9 +308,28 @@ def test_quickstart_learns_to_translate(quickstart):
     assert len((run_dir / "score" / "test.hyp.tgt").read_text().splitlines()) == 500
 
 
+def test_quickstart_prints_a_line_a_step_the_training_progress_and_where_everything_is(quickstart):
+    """Each tool's own output goes to a log whose path the step names; the terminal gets the
+    steps, the train loss every 25 updates, the validation losses, the score and the layout."""
+    run_dir, stdout, stderr = quickstart
+    assert stderr == ""
+    steps = re.findall(rf"^\[quickstart [\d:]+\] (\d)/6 [^\n]* -> {re.escape(str(run_dir))}/logs/(\w+)\.log$", stdout, re.M)
+    assert steps == [("1", "setup"), ("2", "corpus"), ("3", "binarize"), ("4", "train"), ("5", "average"), ("6", "score")]
+    for _, log in steps:
+        assert (run_dir / "logs" / f"{log}.log").stat().st_size > 0, log
+    train = re.findall(r"^    update +(\d+)/500  train loss +([\d.]+)  \(\d+ s\)$", stdout, re.M)
+    assert [int(update) for update, _ in train] == list(range(25, 501, 25))
+    assert float(train[-1][1]) < float(train[0][1]) - 2
+    assert re.search(r"^    update +\d+/500  valid loss +[\d.]+$", stdout, re.M)
+    assert "Everything is in" in stdout and "docs/python-api.md" in stdout
+    assert len(stdout.splitlines()) < 70  # the config dumps, model and warnings stay in the logs (~350 lines)
+    log = (run_dir / "logs" / "train.log").read_text()
+    assert "num_updates=500" in log and "RealformerModel(" in log  # fairseq-train's whole output
+
+
 def test_quickstart_averages_its_last_two_checkpoints(quickstart):
     """Real fairseq checkpoints: the averaged one is their mean, and fairseq-generate loaded it."""
-    run_dir, _, stderr = quickstart
+    run_dir, _, _ = quickstart
     ckpt = run_dir / "checkpoints"
     kept = sorted(ckpt.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     assert len(kept) == 2 and kept[1].name.endswith("_500.pt")  # --keep-interval-updates 2
@@ -318,7 +337,8 @@ def test_quickstart_averages_its_last_two_checkpoints(quickstart):
     averaged = load_checkpoint(ckpt / "checkpoint_avg.pt")["model"]
     for name, value in averaged.items():
         torch.testing.assert_close(value, (last[0][name] + last[1][name]) / 2, msg=name)
-    assert re.search(r"fairseq-generate .* --path \S*/checkpoint_avg\.pt ", stderr), stderr[-3000:]
+    score_log = (run_dir / "logs" / "score.log").read_text()
+    assert re.search(r"fairseq-generate .* --path \S*/checkpoint_avg\.pt ", score_log), score_log[-3000:]
 
 
 def test_quickstart_rerun_skips_finished_steps(quickstart):
