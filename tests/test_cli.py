@@ -3,6 +3,7 @@ architecture, fairseq-generate (beam 4), fairseq-interactive and resuming, in su
 no environment variable set."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from fairseq_realformer.checkpoints import allowed_globals
 
 from .cli import N_TEST, TRAIN, preprocess, run, train_losses
-from .helpers import USER_DIR
+from .helpers import REPO, USER_DIR
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,8 @@ def test_a_refused_flag_is_one_line_before_anything_is_logged_or_written(trained
     assert result.returncode != 0
     line = f"fairseq-train: error: {error}"
     assert (result.stdout + result.stderr).splitlines() == [line]  # no config dump, no usage
+    if flags[0] in ("--residual-attention-paths", "--admin-init-path"):
+        assert line in (Path(REPO) / "docs" / "usage.md").read_text()  # shown there as printed
     assert sorted(p.name for p in work.iterdir()) == before  # no save dir
 
 

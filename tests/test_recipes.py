@@ -350,20 +350,20 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
     assert reported(stdout, "sacreBLEU") == reported(first, "sacreBLEU")
 
 
-def readme_block(language, containing):
-    """The README's fenced code block in *language* that contains *containing*."""
-    readme = (Path(REPO) / "README.md").read_text(encoding="utf-8")
-    (block,) = [b for b in re.findall(rf"^```{language}\n(.*?)^```", readme, re.M | re.S) if containing in b]
+def doc_block(page, language, containing):
+    """The fenced code block in *language* of the docs page (or README.md) that contains *containing*."""
+    text = (Path(REPO) / page).read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S) if containing in b]
     return block
 
 
-def test_readme_python_api_and_interactive_examples_run_on_the_quickstart_output(quickstart, capsys):
-    """The README's Python example, exactly, with the --ci run's folder; then its fairseq-interactive
-    command on the same sentences: the same translations."""
+def test_python_api_and_interactive_examples_run_on_the_quickstart_output(quickstart, capsys):
+    """docs/python-api.md's Python example, exactly, with the --ci run's folder; then its
+    fairseq-interactive command on the same sentences: the same translations."""
     run_dir, _, _ = quickstart
-    code = readme_block("python", "RealformerModel.from_pretrained")
+    code = doc_block("docs/python-api.md", "python", "RealformerModel.from_pretrained")
     assert code.count('run = "runs/quickstart"') == 1
-    exec(compile(code.replace('run = "runs/quickstart"', f'run = "{run_dir}"'), "README.md", "exec"), {})
+    exec(compile(code.replace('run = "runs/quickstart"', f'run = "{run_dir}"'), "docs/python-api.md", "exec"), {})
     one, several, sampled, *best = capsys.readouterr().out.splitlines()
     several = ast.literal_eval(several)
     assert len(several) == 2 and several[0] == one
@@ -372,11 +372,25 @@ def test_readme_python_api_and_interactive_examples_run_on_the_quickstart_output
     assert scores == sorted(scores, reverse=True)
     assert all(text and "<unk>" not in text for text in (one, *several, sampled))
 
-    command = readme_block("bash", "fairseq-interactive").replace("runs/quickstart", str(run_dir))
+    command = doc_block("docs/python-api.md", "bash", "fairseq-interactive").replace("runs/quickstart", str(run_dir))
     program, *args = shlex.split(command.replace("\\\n", " "))
     sentences = re.findall(r'"([^"]+\.)"', code)[1:3]  # the list translate() got
     stdout = run(program, *args, stdin="".join(f"{s}\n" for s in sentences)).stdout
     assert re.findall(r"^D-\d+\t\S+\t(.*)$", stdout, re.M) == several
+
+
+def test_analysis_example_runs_on_the_quickstart_output(quickstart):
+    """docs/analysis.md's command on the quickstart's model, with the --ci run's folder: the
+    summary table of every path and layer, 12 figures and the JSON medians."""
+    run_dir, _, _ = quickstart
+    command = doc_block("docs/analysis.md", "bash", "--labels RealFormer --out").replace("runs/quickstart", str(run_dir))
+    program, *args = shlex.split(command.replace("\\\n", " "))
+    stdout = run(program, *args).stdout
+    assert re.search(rf"^RealFormer: \d+ sentences of 'valid' in {re.escape(str(run_dir))}/bin$", stdout, re.M), stdout
+    assert len(re.findall(r"^  (encoder|decoder|cross) +\d ", stdout, re.M)) == 3 * 2  # --ci: 2+2 layers
+    assert len(list((run_dir / "analysis").glob("*.p[nd][gf]"))) == 12
+    medians = json.loads((run_dir / "analysis" / "medians.json").read_text())
+    assert [m["checkpoint"] for m in medians["models"]] == [f"{run_dir}/checkpoints/checkpoint_avg.pt"]
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
