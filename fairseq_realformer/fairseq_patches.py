@@ -21,12 +21,17 @@ missing checkpoints    checkpoint_utils                  fairseq-generate/-inter
 fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file or
                                                          --finetune-from-model that does not
                                                          exist; ADMIN's ω from data before
-                                                         the optimizer exists (our models)
+                                                         the optimizer exists (our models);
+                                                         wall=0 after a resume (a fairseq
+                                                         defect)
 half precision         Trainer.__init__                  --fp16/--bf16/--amp without a GPU:
                                                          one line, not a deep traceback
 ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
                        fairseq_cli.interactive.main      float32
 one-line errors        sys.excepthook                    RealformerConfigError as one line
+no empty save dir      checkpoint_utils                  fairseq-train refused by the plugin
+                       .verify_checkpoint_directory      after it made its save dir: taken
+                                                         back when still empty
 =====================  ================================  =====================================
 
 Loaded, the plugin is meant to change nothing for fairseq's own models: each patch's docstring
@@ -51,7 +56,7 @@ from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
 from fairseq.file_io import PathManager
 
-from . import checkpoints
+from . import checkpoints, folders
 from .errors import RealformerConfigError
 from .models.realformer import RealformerModel
 from .modules import admin
@@ -81,6 +86,7 @@ def install() -> None:
     _patch(fairseq.trainer.Trainer, "__init__", _refuse_half_precision_without_gpu, call_sites=[fairseq_cli.train.main])
     for cli in (fairseq_cli.generate, fairseq_cli.interactive):
         _patch(cli, "main", _report_ignored_bf16, call_sites=[cli.cli_main])
+    _patch(checkpoint_utils, "verify_checkpoint_directory", _remember_new_save_dir, call_sites=[fairseq_cli.train.main])
     _patch(sys, "excepthook", _one_line_errors, call_sites=[])
 
 
@@ -146,8 +152,11 @@ def _keep_last_batch(batch_by_size):
 
 def _start_training(load_checkpoint):
     """fairseq-train's start: the checkpoint files it is told to start from are named when
-    missing, then ADMIN's ω are set from data (each step below)."""
-    return _initialize_admin_after_loading(_refuse_missing_restore_file(_name_missing_finetune_model(load_checkpoint)))
+    missing, then ADMIN's ω are set from data, and a resumed run's wall clock runs again (each
+    step below)."""
+    return _restart_wall_clock(
+        _initialize_admin_after_loading(_refuse_missing_restore_file(_name_missing_finetune_model(load_checkpoint)))
+    )
 
 
 def _initialize_admin_after_loading(load_checkpoint):
@@ -176,6 +185,34 @@ def _initialize_admin_after_loading(load_checkpoint):
         return extra_state, epoch_itr
 
     return load_checkpoint_then_initialize_admin
+
+
+def _restart_wall_clock(load_checkpoint):
+    """A resumed fairseq-train logs ``wall=0`` on every line, a defect of fairseq itself: its
+    "wall" meter is a ``StopwatchMeter`` (``metrics.log_start_time("wall")`` in
+    ``Trainer.__init__``, never stopped), and ``Trainer.load_checkpoint`` loads the checkpoint's
+    meters, which leaves it stopped (``start_time`` None: elapsed time 0). Right after, fairseq
+    restarts only its ``TimeMeter``s ("since their start times don't make sense anymore"), the
+    kind "wall" was in older fairseq. Restart the stopped wall clock the same way: after a resume,
+    ``wall`` counts the seconds since the checkpoint was loaded, as it counts from the start of a
+    fresh run. A wall clock that runs (a fresh run, any other meter) is left alone.
+
+    A stock ``transformer`` run: the same; only the ``wall`` column of a resumed run's log
+    changes (it counts again instead of reading 0).
+
+    Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.load_checkpoint(cfg.checkpoint,
+    trainer)``, which calls ``trainer.load_checkpoint``."""
+    from fairseq.logging import meters, metrics
+
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_restarting_the_wall_clock(*args, **kwargs):
+        loaded = load_checkpoint(*args, **kwargs)
+        wall = metrics.get_meter("default", "wall")
+        if isinstance(wall, meters.StopwatchMeter) and wall.start_time is None:
+            wall.start()
+        return loaded
+
+    return load_checkpoint_restarting_the_wall_clock
 
 
 def _first_batch_of_this_rank(trainer, epoch_itr):
@@ -381,11 +418,34 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c") else "python"
 
 
+# The folders fairseq-train made for its save dir in this process, outermost first.
+_new_save_dirs: list = []
+
+
+def _remember_new_save_dir(verify_checkpoint_directory):
+    """fairseq-train makes its save dir before it builds the model and loads the data, so a run
+    that the plugin refuses after that point (a missing --restore-file, half precision without a
+    GPU, a damaged checkpoint) would leave an empty save dir behind. Remember the folders made
+    here; ``_one_line_errors`` removes those still empty when such an error ends the process.
+    Plugin flags are checked before (``options.check``, while parsing): no folder at all.
+
+    Call site: ``fairseq_cli.train.main`` calls ``checkpoint_utils.verify_checkpoint_directory(
+    cfg.checkpoint.save_dir)`` on the master process, which makes the folder."""
+
+    @functools.wraps(verify_checkpoint_directory)
+    def verify_remembering_new_folders(save_dir, *args, **kwargs):
+        _new_save_dirs.extend(folders.missing(save_dir))
+        return verify_checkpoint_directory(save_dir, *args, **kwargs)
+
+    return verify_remembering_new_folders
+
+
 def _one_line_errors(previous_hook):
     """fairseq's CLIs let exceptions from model construction escape as deep tracebacks; for
     mistakes the user fixes by changing a flag or a file (``RealformerConfigError``), the
-    message is all that helps: ``fairseq-train: error: ...``. Every other exception goes to the
-    previous hook unchanged.
+    message is all that helps: ``fairseq-train: error: ...``, and a save dir fairseq-train made
+    for the run is taken back while still empty. Every other exception goes to the previous hook
+    unchanged.
 
     A stock ``transformer`` run: only the plugin's own errors (``RealformerConfigError``: the
     patches above, e.g. a missing --restore-file) are shortened; fairseq's exceptions print
@@ -394,6 +454,7 @@ def _one_line_errors(previous_hook):
     def print_config_errors_as_one_line(exc_type, exc, tb):
         if issubclass(exc_type, RealformerConfigError):
             print(f"{_prog()}: error: {exc}", file=sys.stderr)
+            folders.remove_empty(_new_save_dirs)
             return
         previous_hook(exc_type, exc, tb)
 

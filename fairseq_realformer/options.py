@@ -3,11 +3,13 @@ validated against fairseq's own flags; and what is derived from it.
 
 ``RealformerModel.build_model`` parses the flags once into a frozen ``RealformerOptions``, which
 the layers, the attention modules and ADMIN read. Named architectures set their defaults through
-``set_defaults``; ``add_args`` is generated from ``FLAGS``; ``scripts/average_checkpoints.py``
-compares checkpoints on ``MODEL_FIELDS``. A new backbone is a row of ``BACKBONES`` here and its
+``set_defaults`` and end with ``check``, which fairseq runs while it parses a command line, so a
+mistake is refused before anything is built or written; ``add_args`` is generated from ``FLAGS``;
+``scripts/average_checkpoints.py`` compares checkpoints on ``MODEL_FIELDS``. A new backbone is a row of ``BACKBONES`` here and its
 residual wiring in ``modules/layers.py``.
 """
 import argparse
+import os
 from dataclasses import dataclass
 from typing import FrozenSet, Optional
 
@@ -79,10 +81,19 @@ MODEL_FIELDS = ("arch", "_name", "encoder_normalize_before", "decoder_normalize_
                 *(flag.dest for flag in FLAGS if flag.model_defining))  # fmt: skip
 
 
+# Set by ``add_args``, which fairseq calls only while parsing a command line (never when a
+# checkpoint's saved args rebuild a model); ``check`` takes it off again.
+_ON_COMMAND_LINE = "_realformer_on_command_line"
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """The plugin's flags, without defaults: the architectures set them (``set_defaults``)."""
+    """The plugin's flags, without defaults: the architectures set them (``set_defaults``).
+    Their values are checked by ``check``, not by argparse's ``choices``, whose refusal prints
+    fairseq-train's whole usage (180 lines) before the one that matters."""
     for flag in FLAGS:
-        parser.add_argument(flag.name, choices=flag.choices, metavar=flag.metavar, help=flag.help)
+        metavar = flag.metavar or (f"{{{','.join(flag.choices)}}}" if flag.choices else None)
+        parser.add_argument(flag.name, metavar=metavar, help=flag.help)
+    parser.set_defaults(**{_ON_COMMAND_LINE: True})
 
 
 def set_defaults(args, **overrides) -> None:
@@ -94,6 +105,33 @@ def set_defaults(args, **overrides) -> None:
     for flag in FLAGS:
         if getattr(args, flag.dest, None) is None:
             setattr(args, flag.dest, overrides.get(flag.dest, flag.default))
+
+
+def check(args) -> None:
+    """Check every plugin flag of *args*, once its architecture has set the defaults (fairseq's
+    too): every named architecture ends with this call. fairseq runs the architecture while it
+    parses the command line, so fairseq-train stops with one line before it logs its config,
+    loads data, builds the model or makes its save dir. On a command line, the Clinic file of
+    ``--admin-init-path`` is read too (it exists and fits the depths), unless training resumes
+    from a checkpoint, which carries ω (generation never needs the file)."""
+    options = RealformerOptions.from_args(args)
+    if getattr(args, _ON_COMMAND_LINE, False):
+        delattr(args, _ON_COMMAND_LINE)  # not a model setting: no checkpoint stores it
+        if options.admin_init_path and not _loads_a_checkpoint(args):
+            from .modules.admin import read_clinic_profile
+
+            read_clinic_profile(options.admin_init_path, args.encoder_layers, args.decoder_layers)
+
+
+def _loads_a_checkpoint(args) -> bool:
+    """fairseq-train will start from a checkpoint: ``--restore-file`` (by default
+    SAVE_DIR/checkpoint_last.pt) exists, or ``--finetune-from-model`` is given."""
+    restore = getattr(args, "restore_file", None)
+    if restore == "checkpoint_last.pt":
+        restore = os.path.join(getattr(args, "save_dir", "checkpoints"), restore)
+    suffix = getattr(args, "checkpoint_suffix", None) or ""
+    resumes = restore is not None and os.path.isfile(restore.replace(".pt", suffix + ".pt"))
+    return resumes or bool(getattr(args, "finetune_from_model", None))
 
 
 def parse_paths(spec: str) -> FrozenSet[str]:
@@ -144,12 +182,10 @@ class RealformerOptions:
         missing = [flag.name for flag in FLAGS if not hasattr(args, flag.dest)]
         if missing:
             raise RealformerConfigError(f"{', '.join(missing)} not set: build the model through its architecture")
-        if args.residual_attention_mode not in MODES:
-            raise RealformerConfigError(f"--residual-attention-mode must be one of {', '.join(MODES)}")
-        if args.backbone not in BACKBONES:
-            raise RealformerConfigError(f"--backbone must be one of {', '.join(BACKBONES)}")
-        if args.admin_init not in ADMIN_INITS:
-            raise RealformerConfigError(f"--admin-init must be one of {', '.join(ADMIN_INITS)}")
+        for flag in FLAGS:
+            value = getattr(args, flag.dest)
+            if flag.choices and value not in flag.choices:
+                raise RealformerConfigError(f"{flag.name} {value}: choose from {', '.join(flag.choices)}")
         options = cls(
             paths=parse_paths(args.residual_attention_paths),
             running_mean=args.residual_attention_mode == "mean",

@@ -33,19 +33,32 @@ class UserError(Exception):
     """A mistake in the arguments or files, reported as one line."""
 
 
-def last_checkpoints(folder, n, by_update, upper_bound):
-    """The n newest epoch (or update) checkpoints in folder, newest first."""
-    pattern, kind = (UPDATE_CHECKPOINT, "update") if by_update else (EPOCH_CHECKPOINT, "epoch")
+# checkpoint kind: its file names, and how they are written
+KINDS = {"epoch": (EPOCH_CHECKPOINT, "checkpointE.pt"), "update": (UPDATE_CHECKPOINT, "checkpoint_E_U.pt")}
+
+
+def numbered(folder, kind, upper_bound=None):
+    """(number, file name) of the *kind* checkpoints in folder, numbered <= upper_bound if given."""
     found = []
     for name in os.listdir(folder):
-        match = pattern.fullmatch(name)
+        match = KINDS[kind][0].fullmatch(name)
         if match and (upper_bound is None or int(match.group(1)) <= upper_bound):
             found.append((int(match.group(1)), name))
+    return found
+
+
+def last_checkpoints(folder, n, by_update, upper_bound):
+    """The n newest epoch (or update) checkpoints in folder, newest first."""
+    kind, other = ("update", "epoch") if by_update else ("epoch", "update")
+    found = numbered(folder, kind, upper_bound)
     if len(found) < n:
         bound = f" numbered <= --checkpoint-upper-bound {upper_bound}" if upper_bound is not None else ""
-        example = "checkpoint_E_U.pt" if by_update else "checkpointE.pt"
-        raise UserError(f"--num-{kind}-checkpoints {n}: {folder} holds only {len(found)} {kind} "
-                        f"checkpoints ({example}){bound}")  # fmt: skip
+        held = f"holds only {len(found)} {kind} checkpoints ({KINDS[kind][1]}){bound}"
+        others = len(numbered(folder, other))
+        if others:  # e.g. a run saved with --save-interval-updates --no-epoch-checkpoints
+            held = (f"holds {len(found)} {kind} checkpoints ({KINDS[kind][1]}){bound} but {others} {other} "
+                    f"checkpoints ({KINDS[other][1]}): use --num-{other}-checkpoints")  # fmt: skip
+        raise UserError(f"--num-{kind}-checkpoints {n}: {folder} {held}")
     return [os.path.join(folder, name) for _, name in sorted(found, reverse=True)[:n]]
 
 

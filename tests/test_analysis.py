@@ -391,7 +391,8 @@ def error_of(capsys, *argv):
 
 def test_bad_input_is_one_line_naming_it(workspace, capsys, tmp_path):
     root, data, _ = workspace
-    langs = ("--source-lang", "src", "--target-lang", "tgt", "--out", tmp_path)
+    out = tmp_path / "figures"
+    langs = ("--source-lang", "src", "--target-lang", "tgt", "--out", out, "--json", tmp_path / "report" / "m.json")
     lstm = root / "lstm.pt"
     line = error_of(capsys, data, "--checkpoints", lstm, *langs)
     assert line == f"realformer-analyze: error: checkpoint {lstm}: {LSTM_REFUSAL}"
@@ -410,7 +411,7 @@ def test_bad_input_is_one_line_naming_it(workspace, capsys, tmp_path):
     (tmp_path / "notes.pt").write_text("not a checkpoint")
     line = error_of(capsys, data, "--checkpoints", tmp_path / "notes.pt", *langs)
     assert line.startswith(f"realformer-analyze: error: {tmp_path / 'notes.pt'} is not a readable torch checkpoint")
-    assert not list(tmp_path.glob("*.png"))
+    assert not out.exists() and not (tmp_path / "report").exists()  # made before the analysis, taken back
 
 
 @pytest.mark.parametrize("command", [["realformer-analyze"], ["python", "-m", "fairseq_realformer.analysis"]])
@@ -422,3 +423,4 @@ def test_command_line_error_has_no_traceback(workspace, command):
                             env=clean_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [f"realformer-analyze: error: checkpoint {root / 'lstm.pt'}: {LSTM_REFUSAL}"]
+    assert not (root / "unused").exists()

@@ -3,6 +3,7 @@ architecture, fairseq-generate (beam 4), fairseq-interactive and resuming, in su
 no environment variable set."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from fairseq_realformer.checkpoints import allowed_globals
 
 from .cli import N_TEST, TRAIN, preprocess, run, train_losses
-from .helpers import USER_DIR
+from .helpers import REPO, USER_DIR
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +64,35 @@ def test_checkpoints_hold_only_allowed_globals(trained):
         assert "argparse.Namespace" in found and found <= allowed, found - allowed
 
 
-def test_impossible_flags_fail_with_a_one_line_error(trained):
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--cross-self-attention"], "--cross-self-attention is not supported by the realformer model: its decoder "
+                                     "self-attention also attends over encoder states, which mixes the separate score paths"),
+        (["--residual-attention-paths", "encoder,foo"], "--residual-attention-paths: unknown path 'foo'; give a comma "
+                                                        "list of encoder, decoder, cross, or all, or none"),
+        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup"),
+        (["--admin-init-path", "missing.init"], "--admin-init-path missing.init: No such file or directory"),
+    ],
+)  # fmt: skip
+def test_a_refused_flag_is_one_line_before_anything_is_logged_or_written(trained, flags, error):
     work, _ = trained
-    result = run("fairseq-train", "bin", *TRAIN, "--cross-self-attention", "--save-dir", "unused",
-                 cwd=work, check=False)  # fmt: skip
+    before = sorted(p.name for p in work.iterdir())
+    result = run("fairseq-train", "bin", *TRAIN, *flags, "--save-dir", "refused/ckpt", cwd=work, check=False)
     assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("fairseq-train: error: --cross-self-attention")
+    line = f"fairseq-train: error: {error}"
+    assert (result.stdout + result.stderr).splitlines() == [line]  # no config dump, no usage
+    if flags[0] in ("--residual-attention-paths", "--admin-init-path"):
+        assert line in (Path(REPO) / "docs" / "usage.md").read_text()  # shown there as printed
+    assert sorted(p.name for p in work.iterdir()) == before  # no save dir
+
+
+def test_a_run_refused_after_fairseq_made_its_save_dir_takes_it_back(trained):
+    work, _ = trained
+    result = run("fairseq-train", "bin", *TRAIN, "--restore-file", "missing.pt", "--save-dir", "refused/ckpt",
+                 cwd=work, check=False)  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "fairseq-train: error: --restore-file missing.pt: no such checkpoint file (fairseq-train would train from scratch)")
+    assert "'save_dir': 'refused/ckpt'" in result.stdout + result.stderr  # logged once fairseq made the folder
+    assert not (work / "refused").exists()

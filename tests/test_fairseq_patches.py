@@ -1,6 +1,7 @@
 """The plugin's changes to fairseq: installed once, each where fairseq's callers look it up, and a
 patch whose call site fairseq changed fails loudly instead of silently doing nothing."""
 import sys
+import time
 import types
 from unittest.mock import MagicMock
 
@@ -12,8 +13,9 @@ from fairseq import checkpoint_utils, hub_utils
 from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
 from fairseq.dataclass.configs import CheckpointConfig
-from omegaconf import OmegaConf
+from fairseq.logging import meters, metrics
 from fairseq.trainer import Trainer
+from omegaconf import OmegaConf
 
 from fairseq_realformer import fairseq_patches
 
@@ -40,7 +42,8 @@ def test_every_index_is_batched_exactly_once_in_order(n, max_tokens, max_sentenc
 def patched_attributes():
     return [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint,
             checkpoint_utils.load_model_ensemble_and_task, hub_utils.from_pretrained, checkpoint_utils.load_checkpoint,
-            Trainer.__init__, fairseq_cli.generate.main, fairseq_cli.interactive.main, sys.excepthook]  # fmt: skip
+            Trainer.__init__, fairseq_cli.generate.main, fairseq_cli.interactive.main,
+            checkpoint_utils.verify_checkpoint_directory, sys.excepthook]  # fmt: skip
 
 
 def test_every_patch_is_installed_once():
@@ -113,3 +116,29 @@ def test_a_stand_in_trainer_and_model_pass_through_load_checkpoint_untouched(tmp
     assert extra_state is None and itr is epoch_itr
     assert epoch_itr.mock_calls == [] and trainer.get_model.return_value.mock_calls == []
     assert {name for name, _, _ in trainer.mock_calls} <= {"load_checkpoint", "get_train_iterator", "lr_step", "get_model"}
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_resumed_runs_wall_clock_runs_again(restart):
+    """fairseq's own defect: its "wall" meter, started when the trainer is made, reads 0 forever
+    once a checkpoint's meters are loaded (Trainer.load_checkpoint); the plugin restarts it right
+    after fairseq-train's checkpoint_utils.load_checkpoint."""
+    metrics.reset()  # the "default" aggregator the trainer logs "wall" to, fresh
+    try:
+        metrics.log_start_time("wall", priority=790, round=0)  # as Trainer.__init__
+        saved = metrics.state_dict()
+
+        def load_checkpoint(*args, **kwargs):  # what Trainer.load_checkpoint does to the meters
+            metrics.load_state_dict(saved)
+            for meter in metrics.get_meters("default"):
+                if isinstance(meter, meters.TimeMeter):
+                    meter.reset()
+            return "extra state", "epoch iterator"
+
+        load = fairseq_patches._restart_wall_clock(load_checkpoint) if restart else load_checkpoint
+        assert load("cfg", "trainer") == ("extra state", "epoch iterator")
+        time.sleep(0.05)
+        wall = metrics.get_meter("default", "wall").elapsed_time
+        assert wall >= 0.05 if restart else wall == 0
+    finally:
+        metrics.reset()

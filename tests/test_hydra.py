@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from fairseq import options, tasks
 from fairseq.dataclass.initialize import hydra_init
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -124,3 +125,19 @@ def test_hydra_train_builds_the_model_of_the_fairseq_train_command_line(tmp_path
     assert trained == expected
     assert sum(p.numel() for p in checkpoint["model"].values()) == sum(p.numel() for p in model.state_dict().values())
     assert f"num. shared model params: {sum(p.numel() for p in model.parameters()):,}" in log
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the configs' fp16 is refused only without a GPU")
+def test_a_plugin_error_under_hydra_is_its_message_alone_between_hydras_lines(tmp_path):
+    """The configs train in fp16; without a GPU the plugin refuses it. hydra shows our error as its
+    message alone, no traceback: its overrides line before, its hint after (docs/recipes.md)."""
+    result = run("fairseq-hydra-train", "--config-dir", CONFIG, "--config-name", "en_de", f"common.user_dir={USER_DIR}",
+                 f"task.data={FIXTURES / 'bin'}", "task.source_lang=src", "task.target_lang=tgt",
+                 "model.encoder_layers=1", "model.decoder_layers=1", "lr_scheduler.total_num_update=3",
+                 "dataset.num_workers=0", f"checkpoint.save_dir={tmp_path / 'ckpt'}", cwd=tmp_path, check=False)  # fmt: skip
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    message = "--fp16 needs a CUDA GPU, and torch sees none on this machine: leave out --fp16 to train in float32"
+    lines = result.stderr.strip().splitlines()
+    assert lines[-4].startswith("Error executing job with overrides: ['common.user_dir=")
+    assert lines[-3:] == [message, "", "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."]
+    assert message in (Path(REPO) / "docs" / "recipes.md").read_text()  # shown there as printed

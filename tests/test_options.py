@@ -9,7 +9,9 @@ import pytest
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 from fairseq_realformer import options
+from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules import ResidualMultiheadAttention
+from fairseq_realformer.modules.admin import write_clinic_profile
 from fairseq_realformer.variants import VARIANTS
 
 from .helpers import USER_DIR, FakeTask, build_model, make_dictionary, parse_args, realformer
@@ -25,6 +27,43 @@ def test_every_flag_is_on_the_command_line_and_the_architecture_sets_the_papers_
     assert parse_args("admin_iwslt_de_en").residual_attention_paths == "none"  # the ADMIN baseline
     given = parse_args("admin_iwslt_de_en", "--residual-attention-paths", "cross", "--backbone", "pre-ln")
     assert (given.residual_attention_paths, given.backbone) == ("cross", "pre-ln")  # flags win
+
+
+@pytest.mark.parametrize("arch", ["realformer", "realformer_wmt_en_de", "admin_iwslt_de_en"])
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--residual-attention-paths", "encoder,foo"], "--residual-attention-paths: unknown path 'foo'; give a comma "
+                                                        "list of encoder, decoder, cross, or all, or none"),
+        (["--residual-attention-mode", "avg"], "--residual-attention-mode avg: choose from sum, mean"),
+        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup"),
+        (["--admin-init", "clinic"], "--admin-init clinic: choose from closed-form, profile"),
+        (["--backbone", "rezero", "--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm, but --backbone rezero has none"),
+        (["--admin-init-path", "/no/such/profile.ratio.init"], "--admin-init-path /no/such/profile.ratio.init: No such file or directory"),
+    ],
+)  # fmt: skip
+def test_every_plugin_flag_is_checked_while_fairseq_parses_the_command_line(arch, flags, error):
+    """fairseq runs the architecture inside parse_args_and_arch: the parser itself refuses,
+    before fairseq-train logs its config, builds anything or makes its save dir."""
+    with pytest.raises(RealformerConfigError) as refused:
+        parse_args(arch, *flags)
+    assert str(refused.value) == error
+
+
+def test_the_clinic_file_is_read_while_parsing_unless_training_resumes(tmp_path):
+    clinic = tmp_path / "profile.ratio.init"
+    write_clinic_profile(clinic, [1.0] * 12, [1.0] * 18)  # a 6L-6L profile, the models here are 3L-3L
+    with pytest.raises(RealformerConfigError, match=r"holds 12 \+ 18 sublayer ratios, but this 3L-3L model needs 6"):
+        parse_args("realformer", "--admin-init-path", str(clinic))
+    # a resumed run takes ω from its checkpoint: the file is not read, and may even be gone
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint_last.pt").write_bytes(b"")
+    for path in (clinic, tmp_path / "gone.init"):
+        args = parse_args("realformer", "--admin-init-path", str(path), "--save-dir", str(tmp_path / "ckpt"))
+        assert args.admin_init_path == str(path)
+        assert not hasattr(args, "_realformer_on_command_line")  # parsing marks, checks and unmarks
+    args = parse_args("realformer", "--admin-init-path", str(tmp_path / "gone.init"), "--finetune-from-model", "x.pt")
+    assert args.admin_init_path == str(tmp_path / "gone.init")
 
 
 def test_set_defaults_refuses_what_is_not_an_option():

@@ -138,6 +138,18 @@ def test_average_names_the_missing_file_or_flag(tmp_path, capsys):
                       "--output", tmp_path / "avg.pt")  # fmt: skip
     assert error == (f"average_checkpoints.py: error: --num-epoch-checkpoints 2: {tmp_path} holds only 1 epoch "
                      f"checkpoints (checkpointE.pt)")  # fmt: skip
+    updates = tmp_path / "updates"  # what --save-interval-updates 50 --no-epoch-checkpoints leaves
+    updates.mkdir()
+    for update in (50, 100, 150):
+        save_checkpoint(updates / f"checkpoint_1_{update}.pt", seed=update)
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", updates, "--num-epoch-checkpoints", "25",
+                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error == (f"average_checkpoints.py: error: --num-epoch-checkpoints 25: {updates} holds 0 epoch checkpoints "
+                     f"(checkpointE.pt) but 3 update checkpoints (checkpoint_E_U.pt): use --num-update-checkpoints")  # fmt: skip
+    error = cli_error(capsys, average_checkpoints.main, "--inputs", updates, "--num-update-checkpoints", "2",
+                      "--checkpoint-upper-bound", "40", "--output", tmp_path / "avg.pt")  # fmt: skip
+    assert error == (f"average_checkpoints.py: error: --num-update-checkpoints 2: {updates} holds only 0 update "
+                     f"checkpoints (checkpoint_E_U.pt) numbered <= --checkpoint-upper-bound 40")  # fmt: skip
     (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
     error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "broken.pt",
                       "--output", tmp_path / "avg.pt")  # fmt: skip
@@ -298,9 +310,28 @@ def test_quickstart_learns_to_translate(quickstart):
     assert len((run_dir / "score" / "test.hyp.tgt").read_text().splitlines()) == 500
 
 
+def test_quickstart_prints_a_line_a_step_the_training_progress_and_where_everything_is(quickstart):
+    """Each tool's own output goes to a log whose path the step names; the terminal gets the
+    steps, the train loss every 25 updates, the validation losses, the score and the layout."""
+    run_dir, stdout, stderr = quickstart
+    assert stderr == ""
+    steps = re.findall(rf"^\[quickstart [\d:]+\] (\d)/6 [^\n]* -> {re.escape(str(run_dir))}/logs/(\w+)\.log$", stdout, re.M)
+    assert steps == [("1", "setup"), ("2", "corpus"), ("3", "binarize"), ("4", "train"), ("5", "average"), ("6", "score")]
+    for _, log in steps:
+        assert (run_dir / "logs" / f"{log}.log").stat().st_size > 0, log
+    train = re.findall(r"^    update +(\d+)/500  train loss +([\d.]+)  \(\d+ s\)$", stdout, re.M)
+    assert [int(update) for update, _ in train] == list(range(25, 501, 25))
+    assert float(train[-1][1]) < float(train[0][1]) - 2
+    assert re.search(r"^    update +\d+/500  valid loss +[\d.]+$", stdout, re.M)
+    assert "Everything is in" in stdout and "docs/python-api.md" in stdout
+    assert len(stdout.splitlines()) < 70  # the config dumps, model and warnings stay in the logs (~350 lines)
+    log = (run_dir / "logs" / "train.log").read_text()
+    assert "num_updates=500" in log and "RealformerModel(" in log  # fairseq-train's whole output
+
+
 def test_quickstart_averages_its_last_two_checkpoints(quickstart):
     """Real fairseq checkpoints: the averaged one is their mean, and fairseq-generate loaded it."""
-    run_dir, _, stderr = quickstart
+    run_dir, _, _ = quickstart
     ckpt = run_dir / "checkpoints"
     kept = sorted(ckpt.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     assert len(kept) == 2 and kept[1].name.endswith("_500.pt")  # --keep-interval-updates 2
@@ -308,7 +339,8 @@ def test_quickstart_averages_its_last_two_checkpoints(quickstart):
     averaged = load_checkpoint(ckpt / "checkpoint_avg.pt")["model"]
     for name, value in averaged.items():
         torch.testing.assert_close(value, (last[0][name] + last[1][name]) / 2, msg=name)
-    assert re.search(r"fairseq-generate .* --path \S*/checkpoint_avg\.pt ", stderr), stderr[-3000:]
+    score_log = (run_dir / "logs" / "score.log").read_text()
+    assert re.search(r"fairseq-generate .* --path \S*/checkpoint_avg\.pt ", score_log), score_log[-3000:]
 
 
 def test_quickstart_rerun_skips_finished_steps(quickstart):
@@ -320,20 +352,20 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
     assert reported(stdout, "sacreBLEU") == reported(first, "sacreBLEU")
 
 
-def readme_block(language, containing):
-    """The README's fenced code block in *language* that contains *containing*."""
-    readme = (Path(REPO) / "README.md").read_text(encoding="utf-8")
-    (block,) = [b for b in re.findall(rf"^```{language}\n(.*?)^```", readme, re.M | re.S) if containing in b]
+def doc_block(page, language, containing):
+    """The fenced code block in *language* of the docs page (or README.md) that contains *containing*."""
+    text = (Path(REPO) / page).read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S) if containing in b]
     return block
 
 
-def test_readme_python_api_and_interactive_examples_run_on_the_quickstart_output(quickstart, capsys):
-    """The README's Python example, exactly, with the --ci run's folder; then its fairseq-interactive
-    command on the same sentences: the same translations."""
+def test_python_api_and_interactive_examples_run_on_the_quickstart_output(quickstart, capsys):
+    """docs/python-api.md's Python example, exactly, with the --ci run's folder; then its
+    fairseq-interactive command on the same sentences: the same translations."""
     run_dir, _, _ = quickstart
-    code = readme_block("python", "RealformerModel.from_pretrained")
+    code = doc_block("docs/python-api.md", "python", "RealformerModel.from_pretrained")
     assert code.count('run = "runs/quickstart"') == 1
-    exec(compile(code.replace('run = "runs/quickstart"', f'run = "{run_dir}"'), "README.md", "exec"), {})
+    exec(compile(code.replace('run = "runs/quickstart"', f'run = "{run_dir}"'), "docs/python-api.md", "exec"), {})
     one, several, sampled, *best = capsys.readouterr().out.splitlines()
     several = ast.literal_eval(several)
     assert len(several) == 2 and several[0] == one
@@ -342,11 +374,25 @@ def test_readme_python_api_and_interactive_examples_run_on_the_quickstart_output
     assert scores == sorted(scores, reverse=True)
     assert all(text and "<unk>" not in text for text in (one, *several, sampled))
 
-    command = readme_block("bash", "fairseq-interactive").replace("runs/quickstart", str(run_dir))
+    command = doc_block("docs/python-api.md", "bash", "fairseq-interactive").replace("runs/quickstart", str(run_dir))
     program, *args = shlex.split(command.replace("\\\n", " "))
     sentences = re.findall(r'"([^"]+\.)"', code)[1:3]  # the list translate() got
     stdout = run(program, *args, stdin="".join(f"{s}\n" for s in sentences)).stdout
     assert re.findall(r"^D-\d+\t\S+\t(.*)$", stdout, re.M) == several
+
+
+def test_analysis_example_runs_on_the_quickstart_output(quickstart):
+    """docs/analysis.md's command on the quickstart's model, with the --ci run's folder: the
+    summary table of every path and layer, 12 figures and the JSON medians."""
+    run_dir, _, _ = quickstart
+    command = doc_block("docs/analysis.md", "bash", "--labels RealFormer --out").replace("runs/quickstart", str(run_dir))
+    program, *args = shlex.split(command.replace("\\\n", " "))
+    stdout = run(program, *args).stdout
+    assert re.search(rf"^RealFormer: \d+ sentences of 'valid' in {re.escape(str(run_dir))}/bin$", stdout, re.M), stdout
+    assert len(re.findall(r"^  (encoder|decoder|cross) +\d ", stdout, re.M)) == 3 * 2  # --ci: 2+2 layers
+    assert len(list((run_dir / "analysis").glob("*.p[nd][gf]"))) == 12
+    medians = json.loads((run_dir / "analysis" / "medians.json").read_text())
+    assert [m["checkpoint"] for m in medians["models"]] == [f"{run_dir}/checkpoints/checkpoint_avg.pt"]
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")

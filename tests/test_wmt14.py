@@ -339,3 +339,18 @@ def test_train_runs_two_cpu_ranks_that_really_train(en_de, tmp_path):
     assert steps == [("8", "1"), ("8", "2"), ("8", "3")]
     assert len(re.findall(r"Saved checkpoint", log)) == 1
     assert (save / "checkpoint_last.pt").is_file() and (save / "train.log").is_file()
+
+
+def test_a_refused_flag_leaves_no_save_dir(en_de, tmp_path):
+    """train.sh makes the save dir for fairseq-train's --log-file; a run refused while fairseq
+    parses its flags takes back what train.sh made. (--total-num-update given: train.sh does not
+    count the updates of an epoch, whose parsing would refuse the flag before the folder exists.)"""
+    result = run("train.sh", "--variant", "realformer", "--depth", "1", "--gpus", "0", "--cpu-procs", "1",
+                 "--data", en_de["root"] / "bin", "--save-dir", tmp_path / "runs" / "ckpt", *TINY,
+                 "--total-num-update", "1000",
+                 "--residual-attention-paths", "encoder,foo", check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "fairseq-train: error: --residual-attention-paths: unknown path 'foo'; give a comma list of encoder, "
+        "decoder, cross, or all, or none")  # fmt: skip
+    assert not (tmp_path / "runs").exists()

@@ -204,5 +204,16 @@ echo "$VARIANT ${ENC_LAYERS}L-${DEC_LAYERS}L $LANG_PAIR: $WORLD_SIZE process(es)
 printf '%q ' "${CMD[@]}"
 echo
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi
+# fairseq-train opens --log-file before it makes the save dir: make it here, and take back what
+# this made if fairseq-train fails before writing into it (a refused flag leaves no empty folder)
+NEW_DIR=""
+if [ ! -e "$SAVE_DIR" ]; then
+    NEW_DIR=$SAVE_DIR
+    while [ ! -e "$(dirname "$NEW_DIR")" ]; do NEW_DIR=$(dirname "$NEW_DIR"); done
+fi
 mkdir -p "$SAVE_DIR"
-"${CMD[@]}"
+"${CMD[@]}" || {
+    status=$?
+    if [ -n "$NEW_DIR" ]; then find "$NEW_DIR" -depth -type d -empty -delete 2>/dev/null || true; fi
+    exit "$status"
+}

@@ -26,6 +26,7 @@ from fairseq import checkpoint_utils, tasks, utils
 from fairseq.data import data_utils
 from tqdm import tqdm
 
+from .. import folders
 from ..errors import RealformerConfigError
 from .capture import PATH_TITLES, PATHS, attention_modules
 from .measure import ModelAttention, measure
@@ -88,13 +89,17 @@ def check_args(args) -> None:
             raise RealformerConfigError(f"--checkpoints {path}: no such file")
 
 
-def make_output_folders(args) -> None:
-    """--out and the folder of --json, made before the analysis runs rather than after it."""
+def make_output_folders(args) -> List[str]:
+    """--out and the folder of --json, made before the analysis runs rather than after it;
+    returns the folders made (``folders.remove_empty`` takes them back if the command fails)."""
+    made: List[str] = []
     for folder in (args.out, os.path.dirname(args.json or "")):
         try:
-            os.makedirs(folder or ".", exist_ok=True)
+            made += folders.make(folder or ".")
         except OSError as e:
+            folders.remove_empty(made)
             raise RealformerConfigError(f"cannot make the folder {folder} ({e.strerror})") from None
+    return made
 
 
 def unique_labels(paths: Sequence[str]) -> List[str]:
@@ -317,20 +322,24 @@ def quiet_fairseq_logging() -> None:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     quiet_fairseq_logging()
+    made: List[str] = []
     try:
         check_args(args)
-        make_output_folders(args)
+        made = make_output_folders(args)
         use_cuda = torch.cuda.is_available() and not args.cpu
         labels = args.labels or unique_labels(args.checkpoints)
         results = [analyse_checkpoint(path, label, args, use_cuda) for path, label in zip(args.checkpoints, labels)]
-    except RealformerConfigError as e:
+        print(summary_table(results, args.entropy_unit))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(to_json(results, args.entropy_unit), f, indent=1)
+        written = draw(results, args)
+    except BaseException as e:
+        folders.remove_empty(made)  # a failed run leaves no empty folder behind
+        if not isinstance(e, RealformerConfigError):
+            raise
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(summary_table(results, args.entropy_unit))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(to_json(results, args.entropy_unit), f, indent=1)
-    written = draw(results, args)
     print(f"\nfigures: {len(written)} files in {args.out}" + (f"; JSON: {args.json}" if args.json else ""))
 
 

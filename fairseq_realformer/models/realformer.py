@@ -247,3 +247,4 @@ class RealformerModel(TransformerModel):
 def realformer_base_architecture(args):
     plugin_options.set_defaults(args)
     base_architecture(args)
+    plugin_options.check(args)
