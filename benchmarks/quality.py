@@ -61,6 +61,14 @@ MAX_TOKENS = "4096"  # run.sh's --max-tokens
 
 
 @dataclass(frozen=True)
+class RunConfig:
+    label: str  # the table's and the figures' name: the variant, or "variant lr=X" in a sweep
+    variant: str
+    lr: float  # None: the recipe's
+    suffix: str  # of its folders: OUT/VARIANT+SUFFIX/seedS
+
+
+@dataclass(frozen=True)
 class Preset:
     epochs: int
     layers: int = None  # None: the recipe's
@@ -91,7 +99,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="1", metavar="1,2,3", help="comma list of seeds (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="trainings side by side, one thread each (default: 1)")
     p.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
+    p.add_argument("--lr", metavar="LR[,LR...]",
+                   help="peak learning rate (default: the preset's); several: a sweep, each its own runs")
     p.add_argument("--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)")
     p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
     p.add_argument("--source-lang", default="en", help="en, de, fr or cs (default: %(default)s)")
@@ -115,16 +124,27 @@ def parse_args(argv=None):
         value = getattr(args, flag)
         if value is not None and value < (0 if flag == "warmup" else 1):
             p.error(f"--{flag} {value}: must be at least {0 if flag == 'warmup' else 1}")
-    if args.lr is not None and args.lr <= 0:
-        p.error(f"--lr {args.lr}: must be positive")
+    lr_given = args.lr
+    if lr_given is not None:
+        try:
+            args.lrs = [float(lr) for lr in lr_given.split(",")]
+        except ValueError:
+            p.error(f"--lr {lr_given}: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
+        if any(lr <= 0 for lr in args.lrs) or len(set(args.lrs)) != len(args.lrs):
+            p.error(f"--lr {lr_given}: learning rates must be positive and different")
     args.preset_name = "quick" if args.quick else args.preset
     preset = PRESETS[args.preset_name]
-    # runs with other settings than the preset's get their own folders: OUT/post-ln-lr0.002/seed1
-    args.run_suffix = "".join(f"-{name}{getattr(args, name):g}" for name in ("lr", "warmup", "epochs", "layers")
+    # runs with settings given on the command line get their own folders: OUT/post-ln-lr0.002/seed1
+    args.run_suffix = "".join(f"-{name}{getattr(args, name):g}" for name in ("warmup", "epochs", "layers")
                               if getattr(args, name) is not None)  # fmt: skip
+    lrs = args.lrs if lr_given is not None else [preset.lr]
+    sweep = len(lrs) > 1
+    args.configs = [RunConfig(f"{variant} lr={lr:g}" if sweep else variant, variant, lr,
+                              (f"-lr{lr:g}" if lr_given is not None else "") + args.run_suffix)
+                    for variant in args.variants for lr in lrs]  # fmt: skip
+    args.sweep, args.lr = sweep, None if sweep else lrs[0]
     args.epochs = args.epochs or preset.epochs
     args.layers = args.layers or preset.layers
-    args.lr = args.lr or preset.lr
     args.warmup = preset.warmup if args.warmup is None else args.warmup
     args.preset = preset
     args.pair = f"{args.source_lang}-{args.target_lang}"
@@ -170,13 +190,13 @@ def updates_per_epoch(args, data_dir):
     return int(cache.read_text())
 
 
-def training_flags(args, data_dir):
+def training_flags(args, data_dir, lr):
     """The fairseq-train flags every variant shares (after the recipe's own, so they win)."""
     preset, flags = args.preset, list(args.preset.model)
     if args.layers:
         flags += ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)]
-    if args.lr:
-        flags += ["--lr", f"{args.lr:g}"]
+    if lr:
+        flags += ["--lr", f"{lr:g}"]
     if args.warmup is not None:
         flags += ["--warmup-updates", str(args.warmup)]
     if preset.linear_decay:
@@ -197,17 +217,19 @@ def finished_test_sets(run_dir):
 class Runner:
     """Runs the recipe for (variant, seed) pairs, N at a time; stops them all on SIGINT/SIGTERM."""
 
-    def __init__(self, args, data_dir, shared_flags):
-        self.args, self.data_dir, self.shared_flags = args, data_dir, shared_flags
+    def __init__(self, args, data_dir):
+        self.args, self.data_dir = args, data_dir
         self.running, self.lock, self.stopping, self.locks = set(), threading.Lock(), False, []
 
-    def command(self, variant, seed, run_dir):
+    def command(self, config, seed, run_dir):
         # variant flags after the shared ones: admin-radam's --warmup-updates 0 must win
         return ["bash", str(RECIPE), *(["--tiny"] if self.args.quick else []), *recipe_language_flags(self.args),
-                self.args.data, str(run_dir), "--", *self.shared_flags, *VARIANTS[variant], "--seed", str(seed)]  # fmt: skip
+                self.args.data, str(run_dir), "--", *training_flags(self.args, self.data_dir, config.lr),
+                *VARIANTS[config.variant], "--seed", str(seed)]  # fmt: skip
 
-    def run(self, variant, seed):
-        run_dir = run_folder(self.args, variant, seed)
+    def run(self, config, seed):
+        run_dir = run_folder(self.args, config, seed)
+        variant = config.label
         if finished_test_sets(run_dir) is not None:
             return None
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +241,7 @@ class Runner:
         self.locks.append(lock)
         if not (run_dir / "bin").exists():
             (run_dir / "bin").symlink_to(os.path.relpath(self.data_dir / "bin", run_dir))  # the same data for every run
-        cmd = self.command(variant, seed, run_dir)
+        cmd = self.command(config, seed, run_dir)
         settings = run_dir / "command"  # a run resumes only with the flags it started with
         if settings.exists() and settings.read_text() != " ".join(cmd[2:]) + "\n":
             return f"{run_dir} was started with other settings ({settings}): choose another --out"
@@ -254,15 +276,15 @@ class Runner:
         print(f"[quality] stopping ({signal.Signals(signum).name}); run the same command to resume", flush=True)
 
 
-def run_folder(args, variant, seed):
-    return args.out / f"{variant}{args.run_suffix}" / f"seed{seed}"
+def run_folder(args, config, seed):
+    return args.out / f"{config.variant}{config.suffix}" / f"seed{seed}"
 
 
 def run_all(args, data_dir):
-    runner = Runner(args, data_dir, training_flags(args, data_dir))
+    runner = Runner(args, data_dir)
     signal.signal(signal.SIGINT, runner.stop)
     signal.signal(signal.SIGTERM, runner.stop)
-    order = [(variant, seed) for seed in args.seeds for variant in args.variants]  # seed 1 of every variant first
+    order = [(config, seed) for seed in args.seeds for config in args.configs]  # seed 1 of every variant first
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         errors = [e for e in pool.map(lambda pair: runner.run(*pair), order) if e]
     if runner.stopping:
@@ -275,21 +297,24 @@ def collect(args):
     """Every finished run: its training summary and its scores on each test set."""
     runs = []
     for seed in args.seeds:
-        for variant in args.variants:
-            run_dir = run_folder(args, variant, seed)
+        for config in args.configs:
+            run_dir = run_folder(args, config, seed)
             names = finished_test_sets(run_dir)
             if names is None:
                 continue
             scores = {name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
                       for i, name in enumerate(names)}  # fairseq's names for the test splits
-            runs.append({"variant": variant, "seed": seed, **quality_report.run_summary(run_dir), "test_sets": scores})
-    return sorted(runs, key=lambda r: (args.variants.index(r["variant"]), r["seed"]))
+            runs.append({"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed,
+                         **quality_report.run_summary(run_dir), "test_sets": scores})  # fmt: skip
+    labels = [config.label for config in args.configs]
+    return sorted(runs, key=lambda r: (labels.index(r["label"]), r["seed"]))
 
 
 def describe(args):
     size = args.preset.describe if not args.layers or args.layers == args.preset.layers else \
         f"{args.preset.describe} but {args.layers}+{args.layers} layers"
-    lr = f", peak lr {args.lr:g}, warm-up {args.warmup}" if args.lr else ""
+    lr = f", peak lr {args.lr:g}" if args.lr else ""
+    lr += f", warm-up {args.warmup}" if args.warmup is not None else ""
     return (f"Multi30k {args.source_lang}→{args.target_lang}, {size}, {args.epochs} epochs{lr}; "
             f"average of the last epoch checkpoints, beam 5; {args.machine}")
 
@@ -305,11 +330,12 @@ def main(argv=None):
     runs = collect(args)
     if not runs:
         raise SystemExit(f"quality.py: error: no finished run in {args.out} yet")
-    found = quality_report.comparisons(runs)
-    print(quality_report.table(runs, args.variants, found, describe(args)), flush=True)
+    labels = [config.label for config in args.configs]
+    found = [] if args.sweep else quality_report.comparisons(runs)
+    print(quality_report.table(runs, labels, found, describe(args)), flush=True)
     if args.figures:
         stem = Path(args.json).stem if args.json else f"quality-{args.pair}-{args.preset_name}"
-        for path in quality_report.figures(runs, args.variants, Path(args.figures), stem, describe(args)):
+        for path in quality_report.figures(runs, labels, Path(args.figures), stem, describe(args)):
             print(f"[quality] figure: {path}")
     if args.json:
         json_path = Path(args.json)
@@ -323,7 +349,7 @@ def main(argv=None):
             "machine": args.machine, "date": datetime.date.today().isoformat(),
             "settings": {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
                          "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs},
-            "runs": runs, "comparisons": found, "summary": quality_report.summary(runs, args.variants),
+            "runs": runs, "comparisons": found, "summary": quality_report.summary(runs, labels),
         }  # fmt: skip
         json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
         print(f"[quality] wrote {json_path}")

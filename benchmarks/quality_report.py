@@ -131,11 +131,11 @@ def _cell(values, digits=2, scale=1.0):
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
-def summary(runs, variants):
-    """Per variant: the mean and sample standard deviation over its seeds."""
+def summary(runs, labels):
+    """Per variant (label): the mean and sample standard deviation over its seeds."""
     out = {}
-    for variant in variants:
-        mine = [r for r in runs if r["variant"] == variant]
+    for label in labels:
+        mine = [r for r in runs if r["label"] == label]
         if not mine:
             continue
         entry = {"seeds": [r["seed"] for r in mine]}
@@ -144,11 +144,11 @@ def summary(runs, variants):
         for name in mine[0]["test_sets"]:
             entry[name] = {metric: dict(zip(("mean", "std"), mean_std([r["test_sets"][name][metric] for r in mine])))
                            for metric in ("sacrebleu", "chrf", "bleu_lc")}  # fmt: skip
-        out[variant] = entry
+        out[label] = entry
     return out
 
 
-def table(runs, variants, comparisons_found, title):
+def table(runs, labels, comparisons_found, title):
     """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons."""
     lines = [title, ""]
     names = list(runs[0]["test_sets"]) if runs else []
@@ -156,13 +156,13 @@ def table(runs, variants, comparisons_found, title):
         lines += [f"**{name}** (mean ± sample std over seeds)", "",
                   "| variant | seeds | sacreBLEU | chrF | BLEU (lowercased, 13a) | best valid loss | updates | wall (min) | tokens/s |",
                   "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for variant in variants:
-            mine = [r for r in runs if r["variant"] == variant]
+        for label in labels:
+            mine = [r for r in runs if r["label"] == label]
             if not mine:
                 continue
             scores = [r["test_sets"][name] for r in mine]
             lines.append(
-                f"| {variant} | {','.join(str(r['seed']) for r in mine)} | {_cell([s['sacrebleu'] for s in scores])} "
+                f"| {label} | {','.join(str(r['seed']) for r in mine)} | {_cell([s['sacrebleu'] for s in scores])} "
                 f"| {_cell([s['chrf'] for s in scores])} | {_cell([s['bleu_lc'] for s in scores])} "
                 f"| {_cell([r['best_valid_loss'] for r in mine], 3)} | {_cell([r['updates'] for r in mine], 0)} "
                 f"| {_cell([r['wall_s'] for r in mine], 1, 1 / 60)} | {_cell([r['tokens_per_s'] for r in mine], 0)} |"
@@ -192,7 +192,7 @@ def write_translations(runs, folder, repo):
             score["translations"] = str(resolved.relative_to(repo) if resolved.is_relative_to(repo) else resolved)
 
 
-def figures(runs, variants, folder, stem, what):
+def figures(runs, labels, folder, stem, what):
     """Two PNGs: validation loss against updates (seeds as a band), and test sacreBLEU per variant."""
     import matplotlib
 
@@ -200,12 +200,12 @@ def figures(runs, variants, folder, stem, what):
     import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
-    present = [v for v in variants if any(r["variant"] == v for r in runs)]
+    present = [label for label in labels if any(r["label"] == label for r in runs)]
     colours = dict(zip(present, plt.get_cmap("tab10").colors))
     fig, ax = plt.subplots(figsize=(8, 5))
     tail = []
     for variant in present:
-        curves = [r["valid_curve"] for r in runs if r["variant"] == variant and r["valid_curve"]]
+        curves = [r["valid_curve"] for r in runs if r["label"] == variant and r["valid_curve"]]
         length = min(len(c) for c in curves)
         updates = [statistics.mean(c[i][0] for c in curves) for i in range(length)]
         losses = [[c[i][1] for c in curves] for i in range(length)]
@@ -230,7 +230,7 @@ def figures(runs, variants, folder, stem, what):
     fig, axes = plt.subplots(1, len(names), figsize=(max(6, 1.5 * len(present)) * len(names), 4.5), squeeze=False)
     for ax, name in zip(axes[0], names):
         for i, variant in enumerate(present):
-            scores = [r["test_sets"][name]["sacrebleu"] for r in runs if r["variant"] == variant]
+            scores = [r["test_sets"][name]["sacrebleu"] for r in runs if r["label"] == variant]
             ax.scatter([i] * len(scores), scores, color=colours[variant], zorder=3, label="seeds" if i == 0 else None)
             ax.hlines(statistics.mean(scores), i - 0.3, i + 0.3, color="black", label="mean" if i == 0 else None)
         ax.set_xticks(range(len(present)), present)

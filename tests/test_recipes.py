@@ -1,6 +1,7 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
 import ast
 import gzip
+import importlib.util
 import json
 import re
 import shlex
@@ -463,6 +464,32 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     again = run(*argv[:-2]).stdout  # everything finished: nothing is trained again
     assert "start " not in again and "| admin | 1,2 |" in again
     assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
+
+
+def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
+    """--lr with several rates: every variant at every rate, each in its own folder and row; the
+    preset's settings otherwise; a bad rate is one line."""
+    spec = importlib.util.spec_from_file_location("quality", Path(REPO) / "benchmarks" / "quality.py")
+    quality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quality)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    args = quality.parse_args(["--data", str(data), "--preset", "cpu", "--variants", "post-ln,admin", "--lr", "1e-3,2e-3",
+                               "--epochs", "10", "--out", str(tmp_path / "q")])  # fmt: skip
+    assert [(c.label, c.lr) for c in args.configs] == [("post-ln lr=0.001", 1e-3), ("post-ln lr=0.002", 2e-3),
+                                                       ("admin lr=0.001", 1e-3), ("admin lr=0.002", 2e-3)]  # fmt: skip
+    assert quality.run_folder(args, args.configs[1], 3) == tmp_path / "q" / "post-ln-lr0.002-epochs10" / "seed3"
+    assert args.sweep and args.warmup == quality.PRESETS["cpu"].warmup and args.layers == 4
+    (tmp_path / "updates_per_epoch").write_text("7\n")  # what quality.py counted on the data, cached
+    flags = quality.training_flags(args, tmp_path, 2e-3)
+    assert flags[flags.index("--lr") + 1] == "0.002" and flags[flags.index("--total-num-update") + 1] == "70"
+    single = quality.parse_args(["--data", str(data), "--preset", "cpu", "--out", str(tmp_path / "q")])
+    assert not single.sweep and single.lr == quality.PRESETS["cpu"].lr
+    assert quality.run_folder(single, single.configs[0], 1) == tmp_path / "q" / "post-ln" / "seed1"
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--data", str(data), "--lr", "1e-3,fast"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--lr 1e-3,fast: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
 
 
 CPU_STUDY = Path(REPO) / "benchmarks" / "results" / "cpu-quality-multi30k-en-de.json"
