@@ -17,7 +17,7 @@ Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers
   gpu    the recipe's model: 6+6 layers, 512/1024, 4 heads, dropout 0.3, Adam 5e-4 with
          inverse-sqrt warm-up 1000, 12 epochs
   cpu    4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, label smoothing 0.1, Adam (0.9, 0.98)
-         peak lr 4e-3 after 400 warm-up updates, then linear decay to 0 at the end of epoch 20
+         peak lr 2e-3 after 400 warm-up updates, then linear decay to 0 at the end of epoch 20
          (the RealFormer paper's schedule for NMT); 4,096 tokens a batch, ~132 updates an epoch.
          On an idle 2-core CPU an epoch takes ~100 s, so a run ~35-40 min (benchmarks/RESULTS.md:
          how the learning rate was chosen, and the times measured)
@@ -82,7 +82,7 @@ class Preset:
 PRESETS = {
     "gpu": Preset(epochs=12, describe="6+6 layers, d=512, FFN 1024"),
     "cpu": Preset(
-        epochs=20, layers=4, lr=4e-3, warmup=400, linear_decay=True,
+        epochs=20, layers=4, lr=2e-3, warmup=400, linear_decay=True,
         model=("--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
                "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"),
         describe="4+4 layers, d=128, FFN 256",
@@ -305,6 +305,7 @@ def collect(args):
             scores = {name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
                       for i, name in enumerate(names)}  # fairseq's names for the test splits
             runs.append({"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed,
+                         "folder": f"{run_dir.parent.name}/{run_dir.name}",
                          **quality_report.run_summary(run_dir), "test_sets": scores})  # fmt: skip
     labels = [config.label for config in args.configs]
     return sorted(runs, key=lambda r: (labels.index(r["label"]), r["seed"]))

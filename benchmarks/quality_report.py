@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import statistics
+import textwrap
 from pathlib import Path
 
 # Who is compared with whom, seed by seed: (system, baseline).
@@ -184,7 +185,8 @@ def write_translations(runs, folder, repo):
     folder.mkdir(parents=True, exist_ok=True)
     for run in runs:
         for name, score in run["test_sets"].items():
-            target = folder / f"{run['variant']}.seed{run['seed']}.{name}.{Path(score['hypotheses']).suffix[1:]}.gz"
+            run_name = run["folder"].replace("/", ".")  # e.g. post-ln.seed1, post-ln-lr0.002.seed1
+            target = folder / f"{run_name}.{name}.{Path(score['hypotheses']).suffix[1:]}.gz"
             data = Path(score["hypotheses"]).read_bytes()
             with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
                 f.write(data)
@@ -200,6 +202,7 @@ def figures(runs, labels, folder, stem, what):
     import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
+    what = textwrap.fill(what, 85)  # the title's second line: what was measured on which data and machine
     present = [label for label in labels if any(r["label"] == label for r in runs)]
     colours = dict(zip(present, plt.get_cmap("tab10").colors))
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -227,7 +230,7 @@ def figures(runs, labels, folder, stem, what):
     plt.close(fig)
 
     names = list(runs[0]["test_sets"]) if runs else []
-    fig, axes = plt.subplots(1, len(names), figsize=(max(6, 1.5 * len(present)) * len(names), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(max(8, 1.5 * len(present)) * len(names), 4.8), squeeze=False)
     for ax, name in zip(axes[0], names):
         for i, variant in enumerate(present):
             scores = [r["test_sets"][name]["sacrebleu"] for r in runs if r["label"] == variant]

@@ -492,14 +492,15 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--lr 1e-3,fast: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
 
 
-CPU_STUDY = Path(REPO) / "benchmarks" / "results" / "cpu-quality-multi30k-en-de.json"
+COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de.json"))
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
-def test_the_committed_quality_study_rescores_from_its_translations():
-    """Every run of the committed CPU study: its gzipped translations, scored again against the
+@pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)
+def test_the_committed_quality_studies_rescore_from_their_translations(path):
+    """Every run of a committed quality study: its gzipped translations, scored again against the
     raw references, give the sacreBLEU, chrF and lowercased BLEU the JSON reports."""
-    study = json.loads(CPU_STUDY.read_text())
+    study = json.loads(path.read_text())
     assert study["runs"] and study["machine"] and study["date"] and study["command"].startswith("python benchmarks/quality.py")
     for r in study["runs"]:
         for name, reported in r["test_sets"].items():
