@@ -39,6 +39,7 @@ import fcntl
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -346,7 +347,7 @@ def main(argv=None):
                 del score["hypotheses"]  # local paths; `translations` is the committed copy
         result = {
             "what": describe(args),
-            "command": "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "machine": args.machine, "date": datetime.date.today().isoformat(),
             "settings": {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
                          "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs},
