@@ -99,3 +99,12 @@ def random_batch(dictionary, lengths: Sequence[int], tgt_lengths: Sequence[int],
         prev[i, 0] = eos  # decoder input starts with EOS, as fairseq's collater builds it
     return src, torch.tensor(list(lengths)), prev
 
+
+
+def write_clinic_profile(path, encoder_omegas: Sequence[float], decoder_omegas: Sequence[float]) -> None:
+    """ω in Transformer-Clinic's ``profile.ratio.init`` format (lines ``index ratio``, encoder
+    sublayers from 1, then decoder sublayers from 1), as its profiling run writes them."""
+    with open(path, "w") as f:
+        for omegas in (encoder_omegas, decoder_omegas):
+            for index, omega in enumerate(omegas, start=1):
+                f.write(f"{index} {omega!r}\n")

@@ -215,11 +215,11 @@ def _scores_and_grads(model, path, cut_carry):
     With *cut_carry*, layer 2 receives S_1 detached: only the carry's edge is removed."""
     first, second = _attention_modules(model, path)[:2]
     captured = []
-    hooks = [m.register_forward_hook(lambda m, a, k, out: captured.append(out[2]), with_kwargs=True)
+    hooks = [m.register_forward_hook(lambda m, a, k, out: captured.append(out[2].scores), with_kwargs=True)
              for m in (first, second)]  # fmt: skip
     if cut_carry:
         def detach_prev(module, args, kwargs):
-            kwargs["prev_scores"] = kwargs["prev_scores"].detach()
+            kwargs["carried"] = kwargs["carried"]._replace(scores=kwargs["carried"].scores.detach())
             return args, kwargs
 
         hooks.append(second.register_forward_pre_hook(detach_prev, with_kwargs=True))

@@ -27,7 +27,8 @@ from fairseq.data import data_utils
 from tqdm import tqdm
 
 from ..errors import RealformerConfigError
-from .capture import PATH_TITLES, PATHS, attention_modules
+from ..options import PATHS
+from .capture import PATH_TITLES, attention_modules
 from .measure import ModelAttention, measure
 from .statistics import ENTROPY_UNITS, RESOLUTION
 

@@ -19,10 +19,11 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import options as plugin_options
 from ..modules import admin
-from ..modules.layers import RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
+from ..modules.layers import Carry, RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
 
 # The options of the model being built. fairseq's build_model calls build_encoder/build_decoder
 # with a config it makes itself; the options reach them through this context, never through
@@ -31,11 +32,33 @@ _options_being_built: ContextVar[plugin_options.RealformerOptions] = ContextVar(
 
 
 def _wrap_layer(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, exactly as fairseq wraps its own layers."""
+    """Activation checkpointing and FSDP wrapping, as fairseq wraps its own layers."""
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        layer = _checkpoint_activations(layer, offload_to_cpu=cfg.offload_activations)
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+def _checkpoint_activations(layer, offload_to_cpu: bool):
+    """fairseq's ``checkpoint_wrapper`` around *layer*, with its arguments and results
+    flattened: that wrapper passes gradients only through tensors given or returned at the top
+    level, and a layer takes and returns the ``Carry`` structure."""
+    structured_forward, results = layer.forward, {}
+
+    def flat_forward(spec, *leaves):
+        args, kwargs = tree_unflatten(list(leaves), spec)
+        out_leaves, results["spec"] = tree_flatten(structured_forward(*args, **kwargs))
+        return tuple(out_leaves)
+
+    layer.forward = flat_forward
+    checkpointed = checkpoint_wrapper(layer, offload_to_cpu=offload_to_cpu).forward
+
+    def forward(*args, **kwargs):
+        leaves, spec = tree_flatten((args, kwargs))
+        return tree_unflatten(list(checkpointed(spec, *leaves)), results["spec"])
+
+    layer.forward = forward
+    return layer
 
 
 class RealformerEncoder(TransformerEncoderBase):
@@ -67,13 +90,13 @@ class RealformerEncoder(TransformerEncoderBase):
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []
-        scores = None
+        carry = Carry()
         # depth counts the layers actually run, so LayerDrop keeps the running mean right
         for depth, layer in enumerate(self.layers, start=1):
-            x, scores = layer(
+            x, carry = layer(
                 x,
                 encoder_padding_mask=encoder_padding_mask if has_pads else None,
-                prev_scores=scores,
+                carry=carry,
                 depth=depth,
             )
             if return_all_hiddens:
@@ -138,9 +161,9 @@ class RealformerDecoder(TransformerDecoderBase):
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
-        self_scores = cross_scores = None
+        carry = Carry()
         for idx, layer in enumerate(self.layers):
-            x, layer_attn, self_scores, cross_scores = layer(
+            x, layer_attn, carry = layer(
                 x,
                 enc,
                 padding_mask,
@@ -149,8 +172,7 @@ class RealformerDecoder(TransformerDecoderBase):
                 self_attn_padding_mask=self_attn_padding_mask,
                 need_attn=idx == alignment_layer,
                 need_head_weights=idx == alignment_layer,
-                prev_self_scores=self_scores,
-                prev_cross_scores=cross_scores,
+                carry=carry,
                 depth=idx + 1,
             )
             inner_states.append(x)
@@ -232,11 +254,6 @@ class RealformerModel(TransformerModel):
         options = _options_being_built.get()
         cfg.decoder.normalize_before = options.normalize_before
         return RealformerDecoder(cfg, tgt_dict, embed_tokens, options, no_encoder_attn=cfg.no_cross_attention)
-
-    @property
-    def admin_init_pending(self) -> bool:
-        """ADMIN's ω still have to be set from data (--admin-init profile / --admin-init-path)."""
-        return admin.pending(self)
 
     def initialize_admin(self, net_input: Optional[Dict[str, Tensor]] = None) -> None:
         """Set ADMIN's ω from data before building the optimizer (see ``admin.initialize``)."""

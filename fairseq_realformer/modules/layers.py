@@ -18,7 +18,7 @@ included, so a path that is switched off costs nothing.
 """
 import math
 from functools import partial
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq.modules.transformer_layer import (
@@ -28,7 +28,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from .admin import initial_omega
-from .residual_attention import ResidualMultiheadAttention
+from .residual_attention import Carried, ResidualMultiheadAttention
 
 # The residual sublayers of a layer, in the order they run.
 SUBLAYERS = {"encoder": ("self_attn", "ffn"), "decoder": ("self_attn", "encoder_attn", "ffn")}
@@ -77,12 +77,13 @@ def initialize_embeddings(options, cfg, embed_tokens: nn.Embedding, side: str) -
         embed_tokens.weight.mul_(tfixup_scales(cfg.encoder.layers, cfg.decoder.layers, side)[1])
 
 
-def _attend(attention, prev_scores: Optional[Tensor], depth: int, **kwargs):
-    """Call a residual or a plain fairseq attention module; both answer (x, weights, scores)."""
-    if isinstance(attention, ResidualMultiheadAttention):
-        return attention(**kwargs, prev_scores=prev_scores, depth=depth)
-    x, weights = attention(**kwargs)
-    return x, weights, None
+class Carry(NamedTuple):
+    """What a layer hands the next besides x: what each attention path carries, keyed by path
+    (a path that carries nothing keeps ``Carried()``)."""
+
+    encoder: Carried = Carried()
+    decoder: Carried = Carried()
+    cross: Carried = Carried()
 
 
 def _join_sum(x: Tensor, residual: Tensor, weight) -> Tensor:
@@ -201,17 +202,21 @@ class _Backbone:
         x = self._join(x, residual, weight)
         return layer_norm(x) if self.normalize_after else x
 
-    def _attention_sublayer(self, x: Tensor, sublayer: str, prev_scores: Optional[Tensor], depth: int,
+    def _attention_sublayer(self, x: Tensor, sublayer: str, path: str, carry: Carry, depth: int,
                             key_value: Optional[Tensor] = None, **kwargs):  # fmt: skip
-        """One attention sublayer ("self_attn" or "encoder_attn"), pre → attend → post.
-        Self-attention when *key_value* is None. Returns (x, attention weights if asked for,
-        the scores to carry on this path or None)."""
+        """One attention sublayer ("self_attn" or "encoder_attn") on score *path*, pre → attend
+        → post. Self-attention when *key_value* is None. Returns (x, attention weights if asked
+        for, *carry* with what this path hands on)."""
         attention, layer_norm = getattr(self, sublayer), getattr(self, f"{sublayer}_layer_norm")
         residual = x
         x = self._pre(x, layer_norm)
         key_value = x if key_value is None else key_value
-        x, weights, scores = _attend(attention, prev_scores, depth, query=x, key=key_value, value=key_value, **kwargs)
-        return self._post(x, residual, sublayer, layer_norm), weights, scores
+        if isinstance(attention, ResidualMultiheadAttention):
+            x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs, carried=getattr(carry, path), depth=depth)
+            carry = carry._replace(**{path: carried})
+        else:  # fairseq's own module: this path carries nothing
+            x, weights = attention(query=x, key=key_value, value=key_value, **kwargs)
+        return self._post(x, residual, sublayer, layer_norm), weights, carry
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         residual = x
@@ -224,7 +229,7 @@ class _Backbone:
 class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
     """fairseq's encoder layer (same sublayers and parameter names) with carried scores and ω.
 
-    ``forward`` is replaced: it takes and returns the carried scores and scales the residual.
+    ``forward`` is replaced: it takes and returns what the score paths carry and scales the residual.
     """
 
     def __init__(self, cfg, options):
@@ -248,26 +253,26 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
         x: Tensor,
         encoder_padding_mask: Optional[Tensor],
         attn_mask: Optional[Tensor] = None,
-        prev_scores: Optional[Tensor] = None,
+        carry: Carry = Carry(),
         depth: int = 1,
     ):
-        """Returns ``(x, scores)``: the layer output and the carried scores (None off the path)."""
+        """Returns ``(x, carry)``: the layer output and what it hands the next layer."""
         if attn_mask is not None:  # as fairseq: 1 = masked, as a large finite negative
             attn_mask = attn_mask.masked_fill(
                 attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
             )
-        x, _, scores = self._attention_sublayer(
-            x, "self_attn", prev_scores, depth,
+        x, _, carry = self._attention_sublayer(
+            x, "self_attn", "encoder", carry, depth,
             key_padding_mask=encoder_padding_mask, need_weights=False, attn_mask=attn_mask,
         )  # fmt: skip
-        return self._feed_forward(x), scores
+        return self._feed_forward(x), carry
 
 
 class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
     """fairseq's decoder layer (same sublayers and parameter names) with two carried score
     paths (self- and cross-attention) and ω.
 
-    ``forward`` is replaced: it takes and returns both carried scores and scales the residual.
+    ``forward`` is replaced: it takes and returns what both paths carry and scales the residual.
     """
 
     def __init__(self, cfg, options, no_encoder_attn=False):
@@ -308,23 +313,22 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor] = None,
         need_attn: bool = False,
         need_head_weights: bool = False,
-        prev_self_scores: Optional[Tensor] = None,
-        prev_cross_scores: Optional[Tensor] = None,
+        carry: Carry = Carry(),
         depth: int = 1,
     ):
-        """Returns ``(x, attn, self_scores, cross_scores)``; attn as fairseq's decoder layer
-        (cross-attention probabilities when asked for), scores None off their path."""
+        """Returns ``(x, attn, carry)``; attn as fairseq's decoder layer (cross-attention
+        probabilities when asked for), carry what this layer hands the next."""
         need_attn = need_attn or need_head_weights
-        x, _, self_scores = self._attention_sublayer(
-            x, "self_attn", prev_self_scores, depth,
+        x, _, carry = self._attention_sublayer(
+            x, "self_attn", "decoder", carry, depth,
             key_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
             need_weights=False, attn_mask=self_attn_mask,
         )  # fmt: skip
-        attn = cross_scores = None
+        attn = None
         if self.encoder_attn is not None and encoder_out is not None:
-            x, attn, cross_scores = self._attention_sublayer(
-                x, "encoder_attn", prev_cross_scores, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
+            x, attn, carry = self._attention_sublayer(
+                x, "encoder_attn", "cross", carry, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state, static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn), need_head_weights=need_head_weights,
             )  # fmt: skip
-        return self._feed_forward(x), attn, self_scores, cross_scores
+        return self._feed_forward(x), attn, carry

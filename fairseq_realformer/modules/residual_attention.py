@@ -17,7 +17,7 @@ Decoding needs no extra cache: row t of S_n depends only on row t of S_{n-1}, so
 step carries ``(B·H, 1, t)`` self-attention scores and ``(B·H, 1, S)`` cross-attention scores
 from layer to layer.
 """
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,12 @@ def _softmax(logits: Tensor, dtype: torch.dtype) -> Tensor:
     return _SoftmaxSavedInHalf.apply(logits, dtype)
 
 
+class Carried(NamedTuple):
+    """What one attention layer hands to the next on its path (None: nothing carried)."""
+
+    scores: Optional[Tensor] = None  # S_n: the unmasked, undivided running sum of scores
+
+
 def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tensor:
     """``bmm`` for beamable cross-attention, where the encoder side is kept once per sentence,
     not once per hypothesis: *a* (sentences · beam · heads, rows, k) from the hypotheses, *b*
@@ -68,7 +74,7 @@ def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tens
 
 
 class ResidualMultiheadAttention(MultiheadAttention):
-    """fairseq's ``MultiheadAttention`` that takes and returns the carried scores.
+    """fairseq's ``MultiheadAttention`` that takes and returns what its path carries.
 
     Subclassed for its projections (same parameter names, so state dicts are interchangeable),
     initialisation, incremental-state buffers, beam reordering and beamable cross-attention;
@@ -100,112 +106,104 @@ class ResidualMultiheadAttention(MultiheadAttention):
         static_kv: bool = False,
         attn_mask: Optional[Tensor] = None,
         need_head_weights: bool = False,
-        prev_scores: Optional[Tensor] = None,
+        carried: Carried = Carried(),
         depth: int = 1,
-    ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+    ) -> Tuple[Tensor, Optional[Tensor], Carried]:
         """Time x Batch x Channel in, as fairseq's attention.
 
         Args:
-            prev_scores: ``S_{n-1}``, the carried scores of the previous layer on this path,
-                ``(bsz * heads, tgt_len, src_len)``; ``None`` for the first layer.
+            carried: what the previous layer on this path handed on (``S_{n-1}``,
+                ``(bsz * heads, tgt_len, src_len)``); empty for the first layer.
             depth: n, the number of attention layers this path has traversed including this
                 one (the running-mean divisor).
 
         Returns:
-            ``(output, weights, scores)``: output ``(tgt_len, bsz, embed_dim)``; this layer's
+            ``(output, weights, carried)``: output ``(tgt_len, bsz, embed_dim)``; this layer's
             attention probabilities averaged over heads (or per head with
-            *need_head_weights*) when asked for, else ``None``; and ``S_n`` to hand on,
+            *need_head_weights*) when asked for, else ``None``; and what to hand on: ``S_n``,
             unmasked, in float32 when the attention computes in float16 (a deep running sum
             can overflow float16's 65504).
         """
         tgt_len, bsz, embed_dim = query.size()
-        num_heads, head_dim = self.num_heads, self.head_dim
-
         saved_state = None
         if incremental_state is not None:
             saved_state = self._get_input_buffer(incremental_state)
             if static_kv and "prev_key" in saved_state:
                 key = value = None  # encoder keys/values were projected at the first step
+        q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask)
+        kv_bsz = bsz if k is None else k.size(0) // self.num_heads
+        if saved_state is not None:
+            k, v, key_padding_mask, kv_bsz = self._extend_cache(
+                incremental_state, saved_state, k, v, key_padding_mask, static_kv
+            )
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
 
+        attn, probs, scores = self._attend(q, k, v, carried.scores, depth, attn_mask, key_padding_mask, kv_bsz)
+
+        attn = self.out_proj(attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim))
+        weights = _weights(probs, bsz, self.num_heads, need_head_weights) if need_weights or need_head_weights else None
+        return attn, weights, Carried(scores=scores)
+
+    def _attend(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
+        """The RealFormer score chain, top to bottom. q, k, v: ``(batch * heads, length, head_dim)``.
+        Returns (the weighted sum of the values, this layer's probabilities, ``S_n`` to hand on)."""
+        scores = self._bmm(q * self.scaling, k.transpose(1, 2), kv_bsz, plus=prev_scores)  # S_n = QKᵀ/√d + S_{n-1}
+        if scores.dtype == torch.float16:
+            scores = scores.float()  # a deep running sum can overflow float16's 65504
+        logits = scores / depth if self.running_mean and depth > 1 else scores  # running mean: S_n / n
+        logits = self._mask(logits, logits is not scores, attn_mask, key_padding_mask, kv_bsz)
+        probs = _softmax(logits, v.dtype)
+        return self._bmm(self.dropout_module(probs), v, kv_bsz), probs, scores
+
+    def _bmm(self, a: Tensor, b: Tensor, kv_bsz: int, plus: Optional[Tensor] = None) -> Tensor:
+        """``plus + a @ b`` per (batch, head); *b* once per sentence in beamable cross-attention."""
+        if a.size(0) != b.size(0):  # beamable cross-attention: b is kept once per sentence
+            product = _per_sentence_bmm(a, b, kv_bsz, self.num_heads)
+        elif plus is not None and plus.dtype == a.dtype:
+            return torch.baddbmm(plus, a, b)  # adds the carried scores inside the GEMM
+        else:
+            product = torch.bmm(a, b)
+        return product if plus is None else plus + product  # a float32 carry promotes a float16 product
+
+    def _mask(self, logits: Tensor, fresh: bool, attn_mask, key_padding_mask, kv_bsz: int) -> Tensor:
+        """This layer's masks on its own softmax input, never on the scores handed on: out of
+        place while *logits* may be those scores, in place once a *fresh* tensor exists."""
+        if attn_mask is not None:
+            logits = logits.add_(attn_mask) if fresh else logits + attn_mask
+            fresh = True
+        if key_padding_mask is not None:
+            rows, src_len = logits.shape[1:]
+            padding = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, 1, src_len)
+            logits5d = logits.view(kv_bsz, -1, self.num_heads, rows, src_len)
+            fill = logits5d.masked_fill_ if fresh else logits5d.masked_fill
+            logits = fill(padding, float("-inf")).view(-1, rows, src_len)
+        return logits
+
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor], key_padding_mask):
+        """Queries, keys and values of this call as ``(batch * heads, length, head_dim)`` (keys
+        and values None when the cache holds them), and the key padding mask, both kept once
+        per sentence in beamable cross-attention."""
         q = self.q_proj(query)
         if self.self_attention:
             k, v = self.k_proj(query), self.v_proj(query)
         elif key is None:
             k = v = None
         else:
-            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == bsz:
+            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == query.size(1):
                 # beamable cross-attention: keep one copy of the encoder states per sentence
                 key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
                 if key_padding_mask is not None:
-                    key_padding_mask = key_padding_mask.view(
-                        -1, self.beam_size, key_padding_mask.size(1)
-                    )[:, 0, :]
+                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
             k = self.k_proj(key)
             # fairseq's cross-attention projects values from the key input too
             v = self.v_proj(key if self.encoder_decoder_attention else value)
-        q = (q * self.scaling).view(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
-        kv_bsz = bsz
-        if k is not None:
-            kv_bsz = k.size(1)
-            k = k.view(-1, kv_bsz * num_heads, head_dim).transpose(0, 1)
-            v = v.view(-1, kv_bsz * num_heads, head_dim).transpose(0, 1)
+        q, k, v = (None if t is None else self._split_heads(t) for t in (q, k, v))
+        return q, k, v, key_padding_mask
 
-        if saved_state is not None:
-            k, v, key_padding_mask, kv_bsz = self._extend_cache(
-                incremental_state, saved_state, k, v, key_padding_mask, static_kv
-            )
-        src_len = k.size(1)
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None
-
-        # S_n = Q Kᵀ/√d + S_{n-1}; baddbmm adds the carried scores inside the GEMM.
-        beamable = self.encoder_decoder_attention and bsz != kv_bsz
-        if beamable:
-            scores = _per_sentence_bmm(q, k.transpose(1, 2), kv_bsz, num_heads)
-            if prev_scores is not None:
-                scores = prev_scores + scores
-        elif prev_scores is None:
-            scores = torch.bmm(q, k.transpose(1, 2))
-        elif prev_scores.dtype == q.dtype:
-            scores = torch.baddbmm(prev_scores, q, k.transpose(1, 2))
-        else:  # float32 carry, float16 GEMM: the sum is promoted to float32
-            scores = prev_scores + torch.bmm(q, k.transpose(1, 2))
-        if scores.dtype == torch.float16:
-            scores = scores.float()
-
-        # This layer's softmax input: the running-mean temperature and the masks, out of place
-        # (`scores` is handed on and must stay unmasked); once a fresh tensor exists, in place.
-        logits, fresh = scores, False
-        if self.running_mean and depth > 1:
-            logits, fresh = scores / depth, True
-        if attn_mask is not None:
-            logits = logits.add_(attn_mask) if fresh else logits + attn_mask
-            fresh = True
-        if key_padding_mask is not None:
-            padding = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, 1, src_len)
-            logits5d = logits.view(kv_bsz, -1, num_heads, tgt_len, src_len)
-            logits5d = (
-                logits5d.masked_fill_(padding, float("-inf"))
-                if fresh
-                else logits5d.masked_fill(padding, float("-inf"))
-            )
-            logits = logits5d.view(bsz * num_heads, tgt_len, src_len)
-        probs = _softmax(logits, v.dtype)
-        attn_probs = self.dropout_module(probs)
-
-        if beamable:
-            attn = _per_sentence_bmm(attn_probs, v, kv_bsz, num_heads)
-        else:
-            attn = torch.bmm(attn_probs, v)
-        attn = attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim)
-        attn = self.out_proj(attn)
-
-        weights: Optional[Tensor] = None
-        if need_weights or need_head_weights:
-            weights = probs.float().view(bsz, num_heads, tgt_len, src_len).transpose(1, 0)
-            if not need_head_weights:
-                weights = weights.mean(dim=0)  # fairseq's default: averaged over heads
-        return attn, weights, scores
+    def _split_heads(self, t: Tensor) -> Tensor:
+        """(length, batch, embed_dim) → (batch * heads, length, head_dim)."""
+        return t.view(t.size(0), -1, self.head_dim).transpose(0, 1)
 
     def _extend_cache(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
         """Prepend cached keys/values (decoder self-attention) or reuse them (cross-attention),
@@ -232,3 +230,10 @@ class ResidualMultiheadAttention(MultiheadAttention):
         saved_state["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved_state)
         return k, v, key_padding_mask, kv_bsz
+
+
+def _weights(probs: Tensor, bsz: int, num_heads: int, per_head: bool) -> Tensor:
+    """Attention probabilities in float32, ``(heads, bsz, tgt, src)`` per head, else averaged
+    over heads as fairseq returns them."""
+    weights = probs.float().view(bsz, num_heads, *probs.shape[1:]).transpose(1, 0)
+    return weights if per_head else weights.mean(dim=0)
