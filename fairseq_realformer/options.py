@@ -4,38 +4,19 @@ validated against fairseq's own flags; and what is derived from it.
 ``RealformerModel.build_model`` parses the flags once into a frozen ``RealformerOptions``, which
 the layers, the attention modules and ADMIN read. Named architectures set their defaults through
 ``set_defaults``; ``add_args`` is generated from ``FLAGS``; ``scripts/average_checkpoints.py``
-compares checkpoints on ``MODEL_FIELDS``. A new backbone is a row of ``BACKBONES`` here and its
-residual wiring in ``modules/layers.py``.
+compares checkpoints on ``MODEL_FIELDS``. The backbones' definitions are ``modules/backbones.py``:
+a new backbone is one entry there.
 """
 import argparse
 from dataclasses import dataclass
 from typing import FrozenSet, Optional
 
 from .errors import RealformerConfigError
+from .modules.backbones import BACKBONES
 
 # The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
 PATHS = ("encoder", "decoder", "cross")
 MODES = ("sum", "mean")
-
-
-@dataclass(frozen=True)
-class Backbone:
-    """How one residual sublayer f (self-attention, cross-attention or FFN) joins its input x."""
-
-    formula: str
-    layer_norm: Optional[str]  # "after" the sum, "before" f (and after each stack), or None: no LayerNorm at all
-
-
-BACKBONES = {
-    "post-ln": Backbone("LN(x + f(x))", "after"),
-    "pre-ln": Backbone("x + f(LN(x))", "before"),
-    "admin": Backbone("LN(x*omega + f(x)), omega a trainable per-channel vector (Liu et al. 2020)", "after"),
-    "deepnorm": Backbone("LN(alpha*x + f(x)) with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
-                         "after"),
-    "rezero": Backbone("x + alpha*f(x), alpha a trainable scalar initialised to 0, no LayerNorm (Bachlechner et al. 2020)",
-                       None),
-    "t-fixup": Backbone("x + f(x), no LayerNorm, T-Fixup's depth-scaled initialisation (Huang et al. 2020)", None),
-}  # fmt: skip
 ADMIN_INITS = ("closed-form", "profile")
 
 
@@ -135,7 +116,12 @@ class RealformerOptions:
     @property
     def admin_from_data(self) -> bool:
         """ADMIN's ω are set from data (a profiling pass or a Clinic file) before training."""
-        return self.backbone == "admin" and (self.admin_init == "profile" or bool(self.admin_init_path))
+        return self._weight_from_data and (self.admin_init == "profile" or bool(self.admin_init_path))
+
+    @property
+    def _weight_from_data(self) -> bool:
+        weight = BACKBONES[self.backbone].weight
+        return weight is not None and weight.from_data
 
     @classmethod
     def from_args(cls, args) -> "RealformerOptions":
@@ -163,7 +149,7 @@ class RealformerOptions:
     def _check_against(self, args) -> None:
         if self.admin_init == "profile" and self.admin_init_path:
             raise RealformerConfigError("--admin-init profile and --admin-init-path exclude each other")
-        if self.backbone != "admin" and (self.admin_init == "profile" or self.admin_init_path):
+        if not self._weight_from_data and (self.admin_init == "profile" or self.admin_init_path):
             raise RealformerConfigError(
                 f"--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {self.backbone}"
             )

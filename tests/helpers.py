@@ -24,7 +24,7 @@ TINY = [
 PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross",
              "decoder,cross", "all"]  # fmt: skip
 MODES = ["sum", "mean"]
-BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup"]
+BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup", "resi-dual"]
 
 
 def paths_of(spec: str):

@@ -9,6 +9,7 @@ index. Only the token/position embedding modules (fairseq's, not ours) are calle
     P_n = softmax(mask(S_n / n))       (mean)
     post-ln: LN(x + f(x))   pre-ln: x + f(LN(x))   admin: LN(x·ω + f(x))   deepnorm: LN(α·x + f(x))
     rezero: x + α·f(x) (α the sublayer's trainable scalar)   t-fixup: x + f(x)
+    resi-dual: x ← LN(x + f(x)) and d ← d + f(x), d₀ the embedded input; stack output x + LN(d)
 
 With ``profile=True`` it also recomputes ADMIN's profiling: ω_i = ratio, then
 ratio = sqrt(Var(x·ω_i) + Var(f(x))) over the real tokens, ratio starting at 1 per stack.
@@ -26,8 +27,18 @@ def _linear(x, params, name):
     return x @ params[f"{name}.weight"].T + params[f"{name}.bias"]
 
 
-def _layer_norm(x, params, name):
-    return F.layer_norm(x, x.shape[-1:], params[f"{name}.weight"], params[f"{name}.bias"])
+def _layer_norm(x, params, name, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], params[f"{name}.weight"], params[f"{name}.bias"], eps=eps)
+
+
+RESIDUAL_EPS = 1e-7  # ResiDual's stack LayerNorm (microsoft/ResiDual)
+
+
+class Dual:
+    """ResiDual's dual stream d of one stack."""
+
+    def __init__(self, embedded):
+        self.d = embedded
 
 
 def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode):
@@ -66,10 +77,12 @@ class Profile:
         return omega
 
 
-def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, profile=None):
+def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, profile=None, dual=None):
     if backbone == "pre-ln":
         return x + f(_layer_norm(x, params, ln_name))
     branch = f(x)
+    if dual is not None:
+        dual.d = dual.d + branch
     if backbone == "rezero":
         return x + params[omega_name.replace("_omega", "_resweight")] * branch
     if backbone == "t-fixup":
@@ -124,6 +137,7 @@ def reference_forward(
     src_pad = src_tokens.eq(pad)  # (B, S)
     x = enc.embed_scale * enc.embed_tokens(src_tokens) + enc.embed_positions(src_tokens)
     x = x * (~src_pad).unsqueeze(-1)
+    dual = Dual(x) if backbone == "resi-dual" else None
     carried, out = None, {"encoder_scores": [], "decoder_scores": [], "cross_scores": []}
     for n, i in enumerate(encoder_layers, start=1):
         p = f"encoder.layers.{i}"
@@ -137,11 +151,13 @@ def reference_forward(
             return o
 
         x = residual_sublayer(x, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
-                              backbone, enc_alpha, enc_profile)  # fmt: skip
+                              backbone, enc_alpha, enc_profile, dual)  # fmt: skip
         x = residual_sublayer(x, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, enc_alpha, enc_profile)  # fmt: skip
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, enc_alpha, enc_profile, dual)  # fmt: skip
     if backbone == "pre-ln":
         x = _layer_norm(x, params, "encoder.layer_norm")
+    if backbone == "resi-dual":
+        x = x + _layer_norm(dual.d, params, "encoder.layer_norm", eps=RESIDUAL_EPS)
     encoder_out = x
 
     # Decoder
@@ -149,6 +165,7 @@ def reference_forward(
     future = torch.ones(T, T, dtype=torch.bool).triu(1).unsqueeze(0)  # (1, T, T)
     self_masked = future | prev_output_tokens.eq(pad).unsqueeze(1)
     y = dec.embed_scale * dec.embed_tokens(prev_output_tokens) + dec.embed_positions(prev_output_tokens)
+    dual = Dual(y) if backbone == "resi-dual" else None
     self_carried = cross_carried = None
     for n, i in enumerate(decoder_layers, start=1):
         p = f"decoder.layers.{i}"
@@ -171,13 +188,15 @@ def reference_forward(
             return o
 
         y = residual_sublayer(y, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
-                              backbone, dec_alpha, dec_profile)  # fmt: skip
+                              backbone, dec_alpha, dec_profile, dual)  # fmt: skip
         y = residual_sublayer(y, cross_attn, params, f"{p}.encoder_attn_layer_norm",
-                              f"{p}.encoder_attn_omega", backbone, dec_alpha, dec_profile)  # fmt: skip
+                              f"{p}.encoder_attn_omega", backbone, dec_alpha, dec_profile, dual)  # fmt: skip
         y = residual_sublayer(y, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, dec_alpha, dec_profile)  # fmt: skip
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, dec_alpha, dec_profile, dual)  # fmt: skip
     if backbone == "pre-ln":
         y = _layer_norm(y, params, "decoder.layer_norm")
+    if backbone == "resi-dual":
+        y = y + _layer_norm(dual.d, params, "decoder.layer_norm", eps=RESIDUAL_EPS)
     out["encoder_out"] = encoder_out
     out["logits"] = y @ params["decoder.output_projection.weight"].T
     if profile:

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules.admin import pending, read_clinic_profile
-from fairseq_realformer.modules.layers import deepnorm_alpha_beta as alpha_beta
+from fairseq_realformer.modules.backbones import deepnorm_alpha_beta as alpha_beta
 
 from .cli import TRAIN, free_port, popen, preprocess, run
 from .helpers import HEADS, USER_DIR, make_dictionary, random_batch, realformer, write_clinic_profile

@@ -1,6 +1,6 @@
 """The ``realformer`` model: fairseq's Transformer with RealFormer residual attention on any of
 its three score paths (encoder self-attention, decoder self-attention, encoder-decoder
-attention), on any backbone of ``options.BACKBONES``.
+attention), on any backbone of ``modules.backbones.BACKBONES``.
 
 With ``--residual-attention-paths none`` and ``--backbone post-ln`` (or ``pre-ln``) it is
 fairseq's ``transformer``: same modules, same parameter names, same outputs.
@@ -10,6 +10,7 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.distributed import fsdp_wrap
+from fairseq.modules import LayerNorm
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerDecoderBase,
@@ -23,6 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import options as plugin_options
 from ..modules import admin
+from ..modules.backbones import BACKBONES
 from ..modules.layers import Carry, RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
 
 # The options of the model being built. fairseq's build_model calls build_encoder/build_decoder
@@ -61,6 +63,28 @@ def _checkpoint_activations(layer, offload_to_cpu: bool):
     return layer
 
 
+def _build_stack_stream_layer_norm(stack, cfg, options) -> None:
+    """The LayerNorm a stack-level stream is normalised with at the stack's output (ResiDual);
+    fairseq builds ``layer_norm`` only for Pre-LN."""
+    stream = BACKBONES[options.backbone].stack_stream
+    if stream is not None:
+        stack.layer_norm = LayerNorm(stack.embed_tokens.embedding_dim, eps=stream.layer_norm_eps, export=cfg.export)
+
+
+def _start_carry(x: Tensor, options) -> Carry:
+    """Nothing carried on any path yet; the backbone's stack-level stream starts from the
+    embedded input *x* (ResiDual)."""
+    return Carry(stream=x if BACKBONES[options.backbone].stack_stream is not None else None)
+
+
+def _stack_output(stack, x: Tensor, carry: Carry) -> Tensor:
+    """x + LN(d) with a stack-level stream (ResiDual), LN(x) where fairseq built the stack's
+    LayerNorm (Pre-LN), else x."""
+    if carry.stream is not None:
+        return x + stack.layer_norm(carry.stream)
+    return stack.layer_norm(x) if stack.layer_norm is not None else x
+
+
 class RealformerEncoder(TransformerEncoderBase):
     """fairseq's encoder whose layers carry the encoder self-attention scores.
 
@@ -70,6 +94,7 @@ class RealformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, options):
         self.options = options  # read by build_encoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens)
+        _build_stack_stream_layer_norm(self, cfg, options)
         initialize_embeddings(options, cfg, self.embed_tokens, "encoder")
 
     def build_encoder_layer(self, cfg):
@@ -90,7 +115,7 @@ class RealformerEncoder(TransformerEncoderBase):
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []
-        carry = Carry()
+        carry = _start_carry(x, self.options)
         # depth counts the layers actually run, so LayerDrop keeps the running mean right
         for depth, layer in enumerate(self.layers, start=1):
             x, carry = layer(
@@ -101,8 +126,7 @@ class RealformerEncoder(TransformerEncoderBase):
             )
             if return_all_hiddens:
                 encoder_states.append(x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        x = _stack_output(self, x, carry)
 
         src_lengths = (
             src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
@@ -128,6 +152,7 @@ class RealformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, options, no_encoder_attn=False):
         self.options = options  # read by build_decoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        _build_stack_stream_layer_norm(self, cfg, options)
         initialize_embeddings(options, cfg, self.embed_tokens, "decoder")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
@@ -161,7 +186,7 @@ class RealformerDecoder(TransformerDecoderBase):
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
-        carry = Carry()
+        carry = _start_carry(x, self.options)
         for idx, layer in enumerate(self.layers):
             x, layer_attn, carry = layer(
                 x,
@@ -183,8 +208,7 @@ class RealformerDecoder(TransformerDecoderBase):
             if alignment_heads is not None:
                 attn = attn[:alignment_heads]
             attn = attn.mean(dim=0)  # average probabilities over heads
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        x = _stack_output(self, x, carry)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
@@ -217,7 +241,7 @@ class RealformerDecoder(TransformerDecoderBase):
 @register_model("realformer")
 class RealformerModel(TransformerModel):
     """RealFormer residual attention (He et al. 2021) on a Transformer of any backbone (Post-LN,
-    Pre-LN, ADMIN, DeepNorm, ReZero, T-Fixup).
+    Pre-LN, ADMIN, DeepNorm, ReZero, T-Fixup, ResiDual).
 
     Subclassed from fairseq's (legacy, argparse) ``transformer`` for its flags, embeddings and
     generation interface; only the encoder, decoder and their layers differ.
