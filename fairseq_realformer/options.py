@@ -17,6 +17,7 @@ from .modules.backbones import BACKBONES
 # The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
 PATHS = ("encoder", "decoder", "cross")
 MODES = ("sum", "mean")
+VALUE_MIXES = ("half", "learned")
 ADMIN_INITS = ("closed-form", "profile")
 
 
@@ -44,6 +45,12 @@ FLAGS = (
     Flag("--residual-attention-mode", "mean", choices=MODES,
          help="sum: softmax over the running sum of scores S_n; mean: over S_n / n, "
               "n = attention layers traversed (the RealFormer paper's choice for NMT)"),
+    Flag("--value-residual-paths", "none", metavar="PATHS",
+         help=f"paths whose attention layers n >= 2 mix the first layer's values into their own "
+              f"(ResFormer's value residual): a comma list of {', '.join(PATHS)}; or all / none"),
+    Flag("--value-residual-mix", "half", choices=VALUE_MIXES,
+         help="value residual V_n' = lambda*V_n + (1-lambda)*V_1; half: lambda = 1/2 (ResFormer); learned: "
+              "lambda = sigmoid(x.w + b) per token and head, w and b zero at initialisation"),
     Flag("--backbone", "admin", choices=tuple(BACKBONES),
          help="; ".join(f"{name}: {backbone.formula}" for name, backbone in BACKBONES.items())),
     Flag("--admin-init", "closed-form", choices=ADMIN_INITS, model_defining=False,
@@ -77,8 +84,8 @@ def set_defaults(args, **overrides) -> None:
             setattr(args, flag.dest, overrides.get(flag.dest, flag.default))
 
 
-def parse_paths(spec: str) -> FrozenSet[str]:
-    """``--residual-attention-paths``: a comma list of encoder, decoder, cross; or all / none."""
+def parse_paths(spec: str, flag: str = "--residual-attention-paths") -> FrozenSet[str]:
+    """*flag*'s value: a comma list of encoder, decoder, cross; or all / none."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if names == ["all"]:
         return frozenset(PATHS)
@@ -87,7 +94,7 @@ def parse_paths(spec: str) -> FrozenSet[str]:
     unknown = [n for n in names if n not in PATHS]
     if unknown:
         raise RealformerConfigError(
-            f"--residual-attention-paths: unknown path {', '.join(map(repr, unknown))}; "
+            f"{flag}: unknown path {', '.join(map(repr, unknown))}; "
             f"give a comma list of {', '.join(PATHS)}, or all, or none"
         )
     return frozenset(names)
@@ -102,6 +109,8 @@ class RealformerOptions:
     backbone: str
     admin_init: str
     admin_init_path: Optional[str]
+    value_paths: FrozenSet[str] = frozenset()  # paths with value residual
+    value_mix: str = "half"
 
     @property
     def normalize_before(self) -> bool:
@@ -134,6 +143,8 @@ class RealformerOptions:
             raise RealformerConfigError(f"--residual-attention-mode must be one of {', '.join(MODES)}")
         if args.backbone not in BACKBONES:
             raise RealformerConfigError(f"--backbone must be one of {', '.join(BACKBONES)}")
+        if args.value_residual_mix not in VALUE_MIXES:
+            raise RealformerConfigError(f"--value-residual-mix must be one of {', '.join(VALUE_MIXES)}")
         if args.admin_init not in ADMIN_INITS:
             raise RealformerConfigError(f"--admin-init must be one of {', '.join(ADMIN_INITS)}")
         options = cls(
@@ -142,6 +153,8 @@ class RealformerOptions:
             backbone=args.backbone,
             admin_init=args.admin_init,
             admin_init_path=args.admin_init_path or None,
+            value_paths=parse_paths(args.value_residual_paths, "--value-residual-paths"),
+            value_mix=args.value_residual_mix,
         )
         options._check_against(args)
         return options
@@ -166,8 +179,9 @@ class RealformerOptions:
                 "--cross-self-attention is not supported by the realformer model: its decoder "
                 "self-attention also attends over encoder states, which mixes the separate score paths"
             )
-        if "cross" in self.paths and getattr(args, "no_cross_attention", False):
-            raise RealformerConfigError("--residual-attention-paths includes cross, but --no-cross-attention removes it")
+        for flag, paths in (("--residual-attention-paths", self.paths), ("--value-residual-paths", self.value_paths)):
+            if "cross" in paths and getattr(args, "no_cross_attention", False):
+                raise RealformerConfigError(f"{flag} includes cross, but --no-cross-attention removes it")
         if getattr(args, "base_layers", 0):
             raise RealformerConfigError("--base-layers is not supported by the realformer model")
 

@@ -25,6 +25,18 @@ PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,
              "decoder,cross", "all"]  # fmt: skip
 MODES = ["sum", "mean"]
 BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup", "resi-dual"]
+# value residual off, or on every path with either mix
+VALUE_RESIDUAL = {
+    "no-vr": [],
+    "vr-half": ["--value-residual-paths", "all", "--value-residual-mix", "half"],
+    "vr-learned": ["--value-residual-paths", "all", "--value-residual-mix", "learned"],
+}
+
+
+def value_residual_of(setting: str):
+    """reference_forward's keyword arguments for a VALUE_RESIDUAL setting."""
+    flags = VALUE_RESIDUAL[setting]
+    return {"value_paths": paths_of(flags[1]), "value_mix": flags[3]} if flags else {}
 
 
 def paths_of(spec: str):

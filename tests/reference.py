@@ -11,6 +11,11 @@ index. Only the token/position embedding modules (fairseq's, not ours) are calle
     rezero: x + α·f(x) (α the sublayer's trainable scalar)   t-fixup: x + f(x)
     resi-dual: x ← LN(x + f(x)) and d ← d + f(x), d₀ the embedded input; stack output x + LN(d)
 
+Value residual on a path: layer n ≥ 2 reads V' = λ·V_n + (1 − λ)·V_1, V_1 the first layer's values
+(of the layers run), λ = ½ (half) or sigmoid(x·w + b) per token and head (learned), x the
+sublayer's query input. Self-attention: token s's λ mixes token s's values; cross-attention: query
+t's λ mixes every value query t reads.
+
 With ``profile=True`` it also recomputes ADMIN's profiling: ω_i = ratio, then
 ratio = sqrt(Var(x·ω_i) + Var(f(x))) over the real tokens, ratio starting at 1 per stack.
 """
@@ -41,9 +46,18 @@ class Dual:
         self.d = embedded
 
 
-def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode):
-    """One attention module. x_q (B, Tq, C), x_kv (B, Tk, C); masked (B, 1|Tq, Tk) bool.
-    Returns (output (B, Tq, C), S_n (B, H, Tq, Tk), probabilities (B, H, Tq, Tk))."""
+def value_mix(x, params, name, heads, mix):
+    """λ (B, H, T, 1) for the tokens of x (B, T, C)."""
+    if mix == "half":
+        return torch.full((x.size(0), heads, x.size(1), 1), 0.5)
+    gate = torch.sigmoid(x @ params[f"{name}.value_gate.weight"].T + params[f"{name}.value_gate.bias"])
+    return gate.transpose(1, 2).unsqueeze(-1)
+
+
+def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode, first_values=None, mix=None):
+    """One attention module. x_q (B, Tq, C), x_kv (B, Tk, C); masked (B, 1|Tq, Tk) bool;
+    *first_values* V_1 (B, H, Tk, d) for value residual, mixed by *mix* ("half" or "learned").
+    Returns (output (B, Tq, C), S_n (B, H, Tq, Tk), probabilities (B, H, Tq, Tk), V (B, H, Tk, d))."""
     B, Tq, C = x_q.shape
     Tk, d = x_kv.shape[1], C // heads
 
@@ -59,8 +73,16 @@ def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode):
     logits = scores / n if mode == "mean" else scores
     logits = logits.masked_fill(masked.unsqueeze(1), NEG_INF)
     probs = torch.softmax(logits, dim=-1)
-    out = torch.einsum("bhqk,bhkd->bhqd", probs, v).transpose(1, 2).reshape(B, Tq, C)
-    return _linear(out, params, f"{name}.out_proj"), scores, probs
+    seen = v.unsqueeze(2).expand(B, heads, Tq, Tk, d)  # the values each query reads
+    if first_values is not None:
+        lam = value_mix(x_q, params, name, heads, mix)
+        if x_q is x_kv:  # self-attention: each token's λ mixes its own values
+            seen = (lam * v + (1 - lam) * first_values).unsqueeze(2).expand(B, heads, Tq, Tk, d)
+        else:  # cross-attention: query t's λ mixes what t reads
+            lam = lam.unsqueeze(-1)
+            seen = lam * v.unsqueeze(2) + (1 - lam) * first_values.unsqueeze(2)
+    out = torch.einsum("bhqk,bhqkd->bhqd", probs, seen).transpose(1, 2).reshape(B, Tq, C)
+    return _linear(out, params, f"{name}.out_proj"), scores, probs, v
 
 
 class Profile:
@@ -111,6 +133,8 @@ def reference_forward(
     encoder_layers: Optional[Sequence[int]] = None,
     decoder_layers: Optional[Sequence[int]] = None,
     profile: bool = False,
+    value_paths=(),
+    value_mix: str = "half",
 ) -> Dict[str, torch.Tensor]:
     """Encoder output (B, S, C), decoder logits (B, T, V) and every layer's carried scores.
 
@@ -121,6 +145,16 @@ def reference_forward(
 
     def path_mode(path):  # a path that is off is plain attention: no carry, no temperature
         return mode if path in paths else "sum"
+
+    first_values = {}  # V_1 by value-residual path
+
+    def attend(path, x_q, x_kv, name, masked, prev, n):
+        """attention() on *path*, with V_1 handed on along a value-residual path."""
+        out = attention(x_q, x_kv, params, name, heads, masked, prev, n, path_mode(path),
+                        first_values.get(path), value_mix)  # fmt: skip
+        if path in value_paths and path not in first_values:
+            first_values[path] = out[3]
+        return out[:3]
 
     enc, dec = model.encoder, model.decoder
     pad = enc.padding_idx
@@ -144,8 +178,7 @@ def reference_forward(
 
         def self_attn(h):
             nonlocal carried
-            o, s, _ = attention(h, h, params, f"{p}.self_attn", heads, src_pad.unsqueeze(1),
-                                carried, n, path_mode("encoder"))  # fmt: skip
+            o, s, _ = attend("encoder", h, h, f"{p}.self_attn", src_pad.unsqueeze(1), carried, n)
             carried = s if "encoder" in paths else None
             out["encoder_scores"].append(s)
             return o
@@ -172,16 +205,14 @@ def reference_forward(
 
         def self_attn(h):
             nonlocal self_carried
-            o, s, _ = attention(h, h, params, f"{p}.self_attn", heads, self_masked, self_carried, n,
-                                path_mode("decoder"))  # fmt: skip
+            o, s, _ = attend("decoder", h, h, f"{p}.self_attn", self_masked, self_carried, n)
             self_carried = s if "decoder" in paths else None
             out["decoder_scores"].append(s)
             return o
 
         def cross_attn(h):
             nonlocal cross_carried
-            o, s, probs = attention(h, encoder_out, params, f"{p}.encoder_attn", heads,
-                                    src_pad.unsqueeze(1), cross_carried, n, path_mode("cross"))  # fmt: skip
+            o, s, probs = attend("cross", h, encoder_out, f"{p}.encoder_attn", src_pad.unsqueeze(1), cross_carried, n)
             cross_carried = s if "cross" in paths else None
             out["cross_scores"].append(s)
             out["cross_probs"] = probs

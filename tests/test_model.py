@@ -10,8 +10,8 @@ from fairseq_realformer.modules import ResidualMultiheadAttention
 from fairseq_realformer.modules.admin import closed_form_omega
 
 from .helpers import (
-    BACKBONES, HEADS, LAYERS, MODES, PATH_SETS, build_model, make_dictionary, paths_of,
-    perturb_, random_batch, realformer,
+    BACKBONES, HEADS, LAYERS, MODES, PATH_SETS, VALUE_RESIDUAL, build_model, make_dictionary, paths_of,
+    perturb_, random_batch, realformer, value_residual_of,
 )  # fmt: skip
 from .reference import reference_forward
 
@@ -84,14 +84,16 @@ def test_admin_closed_form_omega(layers):
 # --- switched on, it computes the paper's equations --------------------------------------------
 
 
+@pytest.mark.parametrize("value_residual", VALUE_RESIDUAL)
 @pytest.mark.parametrize("backbone", BACKBONES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("paths", PATH_SETS)
-def test_matches_reference(paths, mode, backbone):
-    model = perturb_(realformer(paths, mode, backbone, dictionary=DICT))
+def test_matches_reference(paths, mode, backbone, value_residual):
+    model = perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     enc, logits, extra = forward(model, src, src_len, prev)
-    ref = reference_forward(model, src, prev, paths=paths_of(paths), mode=mode, backbone=backbone, heads=HEADS)
+    ref = reference_forward(model, src, prev, paths=paths_of(paths), mode=mode, backbone=backbone, heads=HEADS,
+                            **value_residual_of(value_residual))  # fmt: skip
     # ResiDual's output x + LN(d) adds two unit-scale streams: twice float32's rounding
     atol = 2e-5 if backbone == "resi-dual" else 1e-5
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True), atol)
@@ -112,11 +114,12 @@ def test_residual_attention_modules_sit_exactly_on_the_chosen_paths():
 # --- decoding -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("value_residual", VALUE_RESIDUAL)
 @pytest.mark.parametrize("backbone", BACKBONES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("paths", PATH_SETS)
-def test_incremental_decoding_equals_full_forward(paths, mode, backbone):
-    model = perturb_(realformer(paths, mode, backbone, dictionary=DICT))
+def test_incremental_decoding_equals_full_forward(paths, mode, backbone, value_residual):
+    model = perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
     src, src_len, prev = random_batch(DICT, SRC_LENS, [7, 7, 7])
     encoder_out = model.encoder(src, src_lengths=src_len)
     full, full_extra = model.decoder(prev, encoder_out=encoder_out)
@@ -128,14 +131,16 @@ def test_incremental_decoding_equals_full_forward(paths, mode, backbone):
 
 
 @pytest.mark.parametrize(
-    "paths, mode, backbone",
-    [("all", "mean", "admin"), ("all", "sum", "post-ln"), ("cross", "mean", "pre-ln"), ("none", "sum", "admin"),
-     ("all", "mean", "rezero"), ("decoder,cross", "sum", "t-fixup"), ("all", "mean", "resi-dual")],
+    "paths, mode, backbone, value_residual",
+    [("all", "mean", "admin", "no-vr"), ("all", "sum", "post-ln", "no-vr"), ("cross", "mean", "pre-ln", "no-vr"),
+     ("none", "sum", "admin", "no-vr"), ("all", "mean", "rezero", "no-vr"), ("decoder,cross", "sum", "t-fixup", "no-vr"),
+     ("all", "mean", "resi-dual", "no-vr"), ("all", "mean", "admin", "vr-learned"), ("none", "sum", "post-ln", "vr-half"),
+     ("all", "mean", "resi-dual", "vr-learned")],
 )  # fmt: skip
-def test_beam_search_scores_are_the_models_probabilities(paths, mode, backbone):
+def test_beam_search_scores_are_the_models_probabilities(paths, mode, backbone, value_residual):
     """Beam 4 through fairseq's generator (beam reordering of the incremental state): every
     hypothesis' token scores equal the full teacher-forced forward pass on that hypothesis."""
-    model = realformer(paths, mode, backbone, dictionary=DICT)
+    model = realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT)
     model = perturb_(model, scale=0.5 if model.options.layer_norm else None)
     src, src_len, _ = random_batch(DICT, SRC_LENS, TGT_LENS)
     generator = SequenceGenerator([model], DICT, beam_size=4, max_len_a=0, max_len_b=8)

@@ -59,7 +59,8 @@ def test_a_model_lacking_options_gets_todays_defaults():
 
 
 ALL, NONE = frozenset(options.PATHS), frozenset()
-# each variant's options as its name promises: (score paths, running mean, backbone, --admin-init)
+# each variant's options as its name promises: (score paths, running mean, backbone, --admin-init,
+# value-residual paths)
 VARIANT_OPTIONS = {
     "post-ln": (NONE, True, "post-ln", "closed-form"),
     "pre-ln": (NONE, True, "pre-ln", "closed-form"),
@@ -72,6 +73,9 @@ VARIANT_OPTIONS = {
     "t-fixup": (NONE, True, "t-fixup", "closed-form"),
     "t-fixup-realformer": (ALL, True, "t-fixup", "closed-form"),
     "admin-radam": (NONE, True, "admin", "profile"),
+    "realformer-value-residual": (ALL, True, "admin", "profile", ALL),
+    "resi-dual": (NONE, True, "resi-dual", "closed-form"),
+    "resi-dual-realformer": (ALL, True, "resi-dual", "closed-form"),
 }
 
 
@@ -79,8 +83,9 @@ VARIANT_OPTIONS = {
 def test_every_named_variant_builds_with_the_options_its_name_promises(name):
     args = parse_args("realformer_iwslt_de_en", *VARIANTS[name])
     model = ARCH_MODEL_REGISTRY["realformer"].build_model(args, FakeTask(DICT))
-    paths, running_mean, backbone, admin_init = VARIANT_OPTIONS[name]
-    assert model.options == options.RealformerOptions(paths, running_mean, backbone, admin_init, None)
+    paths, running_mean, backbone, admin_init, *value_paths = VARIANT_OPTIONS[name]
+    value_paths = value_paths[0] if value_paths else NONE
+    assert model.options == options.RealformerOptions(paths, running_mean, backbone, admin_init, None, value_paths, "half")
     # only admin-radam changes the training recipe: RAdam without warm-up
     radam = (args.optimizer, args.warmup_updates) == ("radam", 0)
     assert radam == (name == "admin-radam")

@@ -98,7 +98,8 @@ class RealformerEncoder(TransformerEncoderBase):
         initialize_embeddings(options, cfg, self.embed_tokens, "encoder")
 
     def build_encoder_layer(self, cfg):
-        return _wrap_layer(RealformerEncoderLayer(cfg, self.options), cfg)
+        index = self._layers_built = getattr(self, "_layers_built", -1) + 1  # fairseq builds them in order
+        return _wrap_layer(RealformerEncoderLayer(cfg, self.options, index), cfg)
 
     def forward_scriptable(
         self,
@@ -156,7 +157,8 @@ class RealformerDecoder(TransformerDecoderBase):
         initialize_embeddings(options, cfg, self.embed_tokens, "decoder")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap_layer(RealformerDecoderLayer(cfg, self.options, no_encoder_attn), cfg)
+        index = self._layers_built = getattr(self, "_layers_built", -1) + 1  # fairseq builds them in order
+        return _wrap_layer(RealformerDecoderLayer(cfg, self.options, no_encoder_attn, index), cfg)
 
     def extract_features_scriptable(
         self,

@@ -84,14 +84,19 @@ class _Backbone:
         return getattr(self, f"{sublayer}_{weight.name}") if weight is not None else self.residual_alpha
 
     def _residual_attention(self, cfg, path: str, embed_dim: int, heads: int, build_fairseqs, **kwargs):
-        """The attention module of a sublayer on score *path*: ours on a residual path, else
-        fairseq's own, built by *build_fairseqs* (its layer's build method)."""
-        if path not in self.options.paths:
+        """The attention module of a sublayer on *path*: ours where the path carries scores or
+        values, else fairseq's own, built by *build_fairseqs* (its layer's build method)."""
+        options = self.options
+        if path not in options.paths | options.value_paths:
             return build_fairseqs()
+        value_mix = options.value_mix if path in options.value_paths else None
         return ResidualMultiheadAttention(
             embed_dim,
             heads,
-            running_mean=self.options.running_mean,
+            residual_scores=path in options.paths,
+            running_mean=options.running_mean,
+            value_mix=value_mix,
+            value_gate=value_mix == "learned" and self.index > 0,  # layer 1's values are V_1 itself
             dropout=cfg.attention_dropout,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
@@ -144,8 +149,9 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
     ``forward`` is replaced: it takes and returns what the score paths carry and scales the residual.
     """
 
-    def __init__(self, cfg, options):
-        self.options, self.side = options, "encoder"  # read by build_self_attention during fairseq's __init__
+    def __init__(self, cfg, options, index: int = 0):
+        # read by build_self_attention during fairseq's __init__; index: the layer's, from 0
+        self.options, self.side, self.index = options, "encoder", index
         super().__init__(cfg)
         self._init_backbone(cfg, "encoder", SUBLAYERS["encoder"])
 
@@ -183,8 +189,9 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
     ``forward`` is replaced: it takes and returns what both paths carry and scales the residual.
     """
 
-    def __init__(self, cfg, options, no_encoder_attn=False):
-        self.options, self.side = options, "decoder"  # read by the build_* methods during fairseq's __init__
+    def __init__(self, cfg, options, no_encoder_attn=False, index: int = 0):
+        # read by the build_* methods during fairseq's __init__; index: the layer's, from 0
+        self.options, self.side, self.index = options, "decoder", index
         super().__init__(cfg, no_encoder_attn)
         sublayers = [s for s in SUBLAYERS["decoder"] if not (no_encoder_attn and s == "encoder_attn")]
         self._init_backbone(cfg, "decoder", sublayers)
