@@ -128,7 +128,8 @@ class _Backbone:
         x = self._pre(x, layer_norm)
         key_value = x if key_value is None else key_value
         if isinstance(attention, ResidualMultiheadAttention):
-            x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs, carried=getattr(carry, path), depth=depth)
+            x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs,
+                                            carried=getattr(carry, path), depth=depth)  # fmt: skip
             carry = carry._replace(**{path: carried})
         else:  # fairseq's own module: this path carries nothing
             x, weights = attention(query=x, key=key_value, value=key_value, **kwargs)
