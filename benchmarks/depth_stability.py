@@ -1,8 +1,8 @@
 """Depth stability: do deep, narrow models train at an aggressive learning rate?
 
 Every variant of fairseq_realformer/variants.py (Post-LN, Pre-LN, ADMIN with profiled ω, DeepNorm,
-ReZero, T-Fixup, each of the last three also with residual attention, RealFormer on ADMIN with sum
-and mean, ADMIN + RAdam without warm-up) is trained with the same seed, data, budget and learning
+ReZero, T-Fixup, ResiDual, each of the last three also with residual attention, RealFormer on ADMIN
+with sum and mean and with value residual, ADMIN + RAdam without warm-up) is trained with the same seed, data, budget and learning
 rate on a few thousand real sentence pairs (Multi30k En→De, read from a local folder). For each: the first layers' gradient norms at initialisation
 (one batch, dropout on), and the final train and valid losses; a run diverged if fairseq stopped
 on NaN/Inf gradients or its loss ended above where it started.

@@ -16,6 +16,7 @@ medians; the table gives each variant's ratio to fairseq in the same run, both a
 the medians and as the median of the per-repeat (paired) ratios.
 
     python benchmarks/speed.py --quick                 # CPU, a few minutes
+    python benchmarks/speed.py --quick --variants fairseq,realformer,realformer-value-residual,resi-dual,resi-dual-realformer
     python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU
 """
 import argparse

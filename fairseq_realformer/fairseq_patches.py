@@ -87,11 +87,11 @@ def install() -> None:
     for cli in (fairseq_cli.generate, fairseq_cli.interactive):
         _patch(cli, "main", _report_ignored_bf16, call_sites=[cli.cli_main])
     _patch(checkpoint_utils, "verify_checkpoint_directory", _remember_new_save_dir, call_sites=[fairseq_cli.train.main])
-    _patch(sys, "excepthook", _one_line_errors, call_sites=[])
+    _patch(sys, "excepthook", _one_line_errors)  # the interpreter calls it: no call site to check
 
 
 def _patch(owner: Union[ModuleType, type], name: str, wrap: Callable[[Callable], Callable],
-           call_sites: Sequence[FunctionType]):  # fmt: skip
+           call_sites: Sequence[FunctionType] = ()):  # fmt: skip
     """Replace ``owner.name`` by ``wrap(owner.name)``, once. Each function of *call_sites* must
     look ``name`` up on *owner* when it runs (``owner_alias.name(...)``; ``name(...)`` inside
     *owner* itself; ``from package import owner`` inside the function; or, for a class's

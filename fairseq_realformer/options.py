@@ -5,8 +5,8 @@ validated against fairseq's own flags; and what is derived from it.
 the layers, the attention modules and ADMIN read. Named architectures set their defaults through
 ``set_defaults`` and end with ``check``, which fairseq runs while it parses a command line, so a
 mistake is refused before anything is built or written; ``add_args`` is generated from ``FLAGS``;
-``scripts/average_checkpoints.py`` compares checkpoints on ``MODEL_FIELDS``. A new backbone is a row of ``BACKBONES`` here and its
-residual wiring in ``modules/layers.py``.
+``scripts/average_checkpoints.py`` compares checkpoints on ``MODEL_FIELDS``. The backbones'
+definitions are ``modules/backbones.py``: a new backbone is one entry there.
 """
 import argparse
 import os
@@ -14,30 +14,12 @@ from dataclasses import dataclass
 from typing import FrozenSet, Optional
 
 from .errors import RealformerConfigError
+from .modules.backbones import BACKBONES
 
 # The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
 PATHS = ("encoder", "decoder", "cross")
 MODES = ("sum", "mean")
-
-
-@dataclass(frozen=True)
-class Backbone:
-    """How one residual sublayer f (self-attention, cross-attention or FFN) joins its input x."""
-
-    formula: str
-    layer_norm: Optional[str]  # "after" the sum, "before" f (and after each stack), or None: no LayerNorm at all
-
-
-BACKBONES = {
-    "post-ln": Backbone("LN(x + f(x))", "after"),
-    "pre-ln": Backbone("x + f(LN(x))", "before"),
-    "admin": Backbone("LN(x*omega + f(x)), omega a trainable per-channel vector (Liu et al. 2020)", "after"),
-    "deepnorm": Backbone("LN(alpha*x + f(x)) with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
-                         "after"),
-    "rezero": Backbone("x + alpha*f(x), alpha a trainable scalar initialised to 0, no LayerNorm (Bachlechner et al. 2020)",
-                       None),
-    "t-fixup": Backbone("x + f(x), no LayerNorm, T-Fixup's depth-scaled initialisation (Huang et al. 2020)", None),
-}  # fmt: skip
+VALUE_MIXES = ("half", "learned")
 ADMIN_INITS = ("closed-form", "profile")
 
 
@@ -65,6 +47,12 @@ FLAGS = (
     Flag("--residual-attention-mode", "mean", choices=MODES,
          help="sum: softmax over the running sum of scores S_n; mean: over S_n / n, "
               "n = attention layers traversed (the RealFormer paper's choice for NMT)"),
+    Flag("--value-residual-paths", "none", metavar="PATHS",
+         help=f"paths whose attention layers n >= 2 mix the first layer's values into their own "
+              f"(ResFormer's value residual): a comma list of {', '.join(PATHS)}; or all / none"),
+    Flag("--value-residual-mix", "half", choices=VALUE_MIXES,
+         help="value residual V_n' = lambda*V_n + (1-lambda)*V_1; half: lambda = 1/2 (ResFormer); learned: "
+              "lambda = sigmoid(x.w + b) per token and head, w and b zero at initialisation"),
     Flag("--backbone", "admin", choices=tuple(BACKBONES),
          help="; ".join(f"{name}: {backbone.formula}" for name, backbone in BACKBONES.items())),
     Flag("--admin-init", "closed-form", choices=ADMIN_INITS, model_defining=False,
@@ -134,8 +122,8 @@ def _loads_a_checkpoint(args) -> bool:
     return resumes or bool(getattr(args, "finetune_from_model", None))
 
 
-def parse_paths(spec: str) -> FrozenSet[str]:
-    """``--residual-attention-paths``: a comma list of encoder, decoder, cross; or all / none."""
+def parse_paths(spec: str, flag: str = "--residual-attention-paths") -> FrozenSet[str]:
+    """*flag*'s value: a comma list of encoder, decoder, cross; or all / none."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if names == ["all"]:
         return frozenset(PATHS)
@@ -144,7 +132,7 @@ def parse_paths(spec: str) -> FrozenSet[str]:
     unknown = [n for n in names if n not in PATHS]
     if unknown:
         raise RealformerConfigError(
-            f"--residual-attention-paths: unknown path {', '.join(map(repr, unknown))}; "
+            f"{flag}: unknown path {', '.join(map(repr, unknown))}; "
             f"give a comma list of {', '.join(PATHS)}, or all, or none"
         )
     return frozenset(names)
@@ -159,6 +147,8 @@ class RealformerOptions:
     backbone: str
     admin_init: str
     admin_init_path: Optional[str]
+    value_paths: FrozenSet[str] = frozenset()  # paths with value residual
+    value_mix: str = "half"
 
     @property
     def normalize_before(self) -> bool:
@@ -173,7 +163,12 @@ class RealformerOptions:
     @property
     def admin_from_data(self) -> bool:
         """ADMIN's ω are set from data (a profiling pass or a Clinic file) before training."""
-        return self.backbone == "admin" and (self.admin_init == "profile" or bool(self.admin_init_path))
+        return self._weight_from_data and (self.admin_init == "profile" or bool(self.admin_init_path))
+
+    @property
+    def _weight_from_data(self) -> bool:
+        weight = BACKBONES[self.backbone].weight
+        return weight is not None and weight.from_data
 
     @classmethod
     def from_args(cls, args) -> "RealformerOptions":
@@ -192,6 +187,8 @@ class RealformerOptions:
             backbone=args.backbone,
             admin_init=args.admin_init,
             admin_init_path=args.admin_init_path or None,
+            value_paths=parse_paths(args.value_residual_paths, "--value-residual-paths"),
+            value_mix=args.value_residual_mix,
         )
         options._check_against(args)
         return options
@@ -199,7 +196,7 @@ class RealformerOptions:
     def _check_against(self, args) -> None:
         if self.admin_init == "profile" and self.admin_init_path:
             raise RealformerConfigError("--admin-init profile and --admin-init-path exclude each other")
-        if self.backbone != "admin" and (self.admin_init == "profile" or self.admin_init_path):
+        if not self._weight_from_data and (self.admin_init == "profile" or self.admin_init_path):
             raise RealformerConfigError(
                 f"--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {self.backbone}"
             )
@@ -216,8 +213,9 @@ class RealformerOptions:
                 "--cross-self-attention is not supported by the realformer model: its decoder "
                 "self-attention also attends over encoder states, which mixes the separate score paths"
             )
-        if "cross" in self.paths and getattr(args, "no_cross_attention", False):
-            raise RealformerConfigError("--residual-attention-paths includes cross, but --no-cross-attention removes it")
+        for flag, paths in (("--residual-attention-paths", self.paths), ("--value-residual-paths", self.value_paths)):
+            if "cross" in paths and getattr(args, "no_cross_attention", False):
+                raise RealformerConfigError(f"{flag} includes cross, but --no-cross-attention removes it")
         if getattr(args, "base_layers", 0):
             raise RealformerConfigError("--base-layers is not supported by the realformer model")
 

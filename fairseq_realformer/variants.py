@@ -5,8 +5,10 @@ as plugin flags on top of any ``realformer`` architecture (which sets the size).
 mean, on ADMIN with ω profiled on a training batch (the ADMIN paper's initialisation, which the
 RealFormer paper built on). Every ADMIN variant here profiles ω, and every "-realformer" variant
 adds residual attention on all three paths with the running mean, so the rows differ only in
-what their names say. "admin-radam" also sets the optimizer and drops the learning-rate warm-up
-(RAdam's claim): its flags go after a recipe's own training flags, so that they win.
+what their names say. "realformer-value-residual" adds ResFormer's value residual (λ = ½) on all
+three paths; "resi-dual" is the ResiDual backbone, "resi-dual-realformer" the same with residual
+attention. "admin-radam" also sets the optimizer and drops the learning-rate warm-up (RAdam's
+claim): its flags go after a recipe's own training flags, so that they win.
 
 Shell scripts read a variant's flags, one per line, without importing fairseq:
 
@@ -30,6 +32,10 @@ VARIANTS = {
     "t-fixup": (*_NO_RESIDUAL_ATTENTION, "--backbone", "t-fixup"),
     "t-fixup-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "t-fixup"),
     "admin-radam": (*_NO_RESIDUAL_ATTENTION, *_ADMIN_PROFILED, "--optimizer", "radam", "--warmup-updates", "0"),
+    "realformer-value-residual": (*_RESIDUAL_ATTENTION_MEAN, "--value-residual-paths", "all",
+                                  "--value-residual-mix", "half", *_ADMIN_PROFILED),
+    "resi-dual": (*_NO_RESIDUAL_ATTENTION, "--backbone", "resi-dual"),
+    "resi-dual-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "resi-dual"),
 }
 
 

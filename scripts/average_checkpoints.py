@@ -24,13 +24,11 @@ from collections.abc import Mapping
 
 import torch
 
+from user_error import UserError  # scripts/user_error.py
+
 PROG = "average_checkpoints.py"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")  # checkpoint<epoch>.pt
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")  # checkpoint_<epoch>_<update>.pt
-
-
-class UserError(Exception):
-    """A mistake in the arguments or files, reported as one line."""
 
 
 # checkpoint kind: its file names, and how they are written

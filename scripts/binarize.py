@@ -25,12 +25,10 @@ import shutil
 import subprocess
 import sys
 
+from user_error import UserError  # scripts/user_error.py
+
 PROG = "binarize.py"
 SPLITS = ("train", "valid", "test")
-
-
-class UserError(Exception):
-    """A mistake in the arguments or files, reported as one line."""
 
 
 def lines(path, limit=None):

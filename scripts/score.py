@@ -37,12 +37,10 @@ import subprocess
 import sys
 import tempfile
 
+from user_error import UserError  # scripts/user_error.py
+
 PROG = "score.py"
 RESULT_LINE = re.compile(r"^([A-Z])-(\d+)\t(.*)$")  # S-/T-/H-/D-/P-<id>\t... of fairseq-generate
-
-
-class UserError(Exception):
-    """A mistake in the arguments or files, reported as one line."""
 
 
 def read_lines(path, flag):

@@ -24,7 +24,19 @@ TINY = [
 PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross",
              "decoder,cross", "all"]  # fmt: skip
 MODES = ["sum", "mean"]
-BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup"]
+BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup", "resi-dual"]
+# value residual off, or on every path with either mix
+VALUE_RESIDUAL = {
+    "no-vr": [],
+    "vr-half": ["--value-residual-paths", "all", "--value-residual-mix", "half"],
+    "vr-learned": ["--value-residual-paths", "all", "--value-residual-mix", "learned"],
+}
+
+
+def value_residual_of(setting: str):
+    """reference_forward's keyword arguments for a VALUE_RESIDUAL setting."""
+    flags = VALUE_RESIDUAL[setting]
+    return {"value_paths": paths_of(flags[1]), "value_mix": flags[3]} if flags else {}
 
 
 def paths_of(spec: str):
@@ -99,3 +111,12 @@ def random_batch(dictionary, lengths: Sequence[int], tgt_lengths: Sequence[int],
         prev[i, 0] = eos  # decoder input starts with EOS, as fairseq's collater builds it
     return src, torch.tensor(list(lengths)), prev
 
+
+
+def write_clinic_profile(path, encoder_omegas: Sequence[float], decoder_omegas: Sequence[float]) -> None:
+    """ω in Transformer-Clinic's ``profile.ratio.init`` format (lines ``index ratio``, encoder
+    sublayers from 1, then decoder sublayers from 1), as its profiling run writes them."""
+    with open(path, "w") as f:
+        for omegas in (encoder_omegas, decoder_omegas):
+            for index, omega in enumerate(omegas, start=1):
+                f.write(f"{index} {omega!r}\n")

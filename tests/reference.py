@@ -9,6 +9,12 @@ index. Only the token/position embedding modules (fairseq's, not ours) are calle
     P_n = softmax(mask(S_n / n))       (mean)
     post-ln: LN(x + f(x))   pre-ln: x + f(LN(x))   admin: LN(x·ω + f(x))   deepnorm: LN(α·x + f(x))
     rezero: x + α·f(x) (α the sublayer's trainable scalar)   t-fixup: x + f(x)
+    resi-dual: x ← LN(x + f(x)) and d ← d + f(x), d₀ the embedded input; stack output x + LN(d)
+
+Value residual on a path: layer n ≥ 2 reads V' = λ·V_n + (1 − λ)·V_1, V_1 the first layer's values
+(of the layers run), λ = ½ (half) or sigmoid(x·w + b) per token and head (learned), x the
+sublayer's query input. Self-attention: token s's λ mixes token s's values; cross-attention: query
+t's λ mixes every value query t reads.
 
 With ``profile=True`` it also recomputes ADMIN's profiling: ω_i = ratio, then
 ratio = sqrt(Var(x·ω_i) + Var(f(x))) over the real tokens, ratio starting at 1 per stack.
@@ -26,13 +32,32 @@ def _linear(x, params, name):
     return x @ params[f"{name}.weight"].T + params[f"{name}.bias"]
 
 
-def _layer_norm(x, params, name):
-    return F.layer_norm(x, x.shape[-1:], params[f"{name}.weight"], params[f"{name}.bias"])
+def _layer_norm(x, params, name, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], params[f"{name}.weight"], params[f"{name}.bias"], eps=eps)
 
 
-def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode):
-    """One attention module. x_q (B, Tq, C), x_kv (B, Tk, C); masked (B, 1|Tq, Tk) bool.
-    Returns (output (B, Tq, C), S_n (B, H, Tq, Tk), probabilities (B, H, Tq, Tk))."""
+RESIDUAL_EPS = 1e-7  # ResiDual's stack LayerNorm (microsoft/ResiDual)
+
+
+class Dual:
+    """ResiDual's dual stream d of one stack."""
+
+    def __init__(self, embedded):
+        self.d = embedded
+
+
+def value_mix(x, params, name, heads, mix):
+    """λ (B, H, T, 1) for the tokens of x (B, T, C)."""
+    if mix == "half":
+        return torch.full((x.size(0), heads, x.size(1), 1), 0.5)
+    gate = torch.sigmoid(x @ params[f"{name}.value_gate.weight"].T + params[f"{name}.value_gate.bias"])
+    return gate.transpose(1, 2).unsqueeze(-1)
+
+
+def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode, first_values=None, mix=None):
+    """One attention module. x_q (B, Tq, C), x_kv (B, Tk, C); masked (B, 1|Tq, Tk) bool;
+    *first_values* V_1 (B, H, Tk, d) for value residual, mixed by *mix* ("half" or "learned").
+    Returns (output (B, Tq, C), S_n (B, H, Tq, Tk), probabilities (B, H, Tq, Tk), V (B, H, Tk, d))."""
     B, Tq, C = x_q.shape
     Tk, d = x_kv.shape[1], C // heads
 
@@ -48,8 +73,16 @@ def attention(x_q, x_kv, params, name, heads, masked, prev, n, mode):
     logits = scores / n if mode == "mean" else scores
     logits = logits.masked_fill(masked.unsqueeze(1), NEG_INF)
     probs = torch.softmax(logits, dim=-1)
-    out = torch.einsum("bhqk,bhkd->bhqd", probs, v).transpose(1, 2).reshape(B, Tq, C)
-    return _linear(out, params, f"{name}.out_proj"), scores, probs
+    seen = v.unsqueeze(2).expand(B, heads, Tq, Tk, d)  # the values each query reads
+    if first_values is not None:
+        lam = value_mix(x_q, params, name, heads, mix)
+        if x_q is x_kv:  # self-attention: each token's λ mixes its own values
+            seen = (lam * v + (1 - lam) * first_values).unsqueeze(2).expand(B, heads, Tq, Tk, d)
+        else:  # cross-attention: query t's λ mixes what t reads
+            lam = lam.unsqueeze(-1)
+            seen = lam * v.unsqueeze(2) + (1 - lam) * first_values.unsqueeze(2)
+    out = torch.einsum("bhqk,bhqkd->bhqd", probs, seen).transpose(1, 2).reshape(B, Tq, C)
+    return _linear(out, params, f"{name}.out_proj"), scores, probs, v
 
 
 class Profile:
@@ -66,10 +99,12 @@ class Profile:
         return omega
 
 
-def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, profile=None):
+def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, profile=None, dual=None):
     if backbone == "pre-ln":
         return x + f(_layer_norm(x, params, ln_name))
     branch = f(x)
+    if dual is not None:
+        dual.d = dual.d + branch
     if backbone == "rezero":
         return x + params[omega_name.replace("_omega", "_resweight")] * branch
     if backbone == "t-fixup":
@@ -98,6 +133,8 @@ def reference_forward(
     encoder_layers: Optional[Sequence[int]] = None,
     decoder_layers: Optional[Sequence[int]] = None,
     profile: bool = False,
+    value_paths=(),
+    value_mix: str = "half",
 ) -> Dict[str, torch.Tensor]:
     """Encoder output (B, S, C), decoder logits (B, T, V) and every layer's carried scores.
 
@@ -108,6 +145,16 @@ def reference_forward(
 
     def path_mode(path):  # a path that is off is plain attention: no carry, no temperature
         return mode if path in paths else "sum"
+
+    first_values = {}  # V_1 by value-residual path
+
+    def attend(path, x_q, x_kv, name, masked, prev, n):
+        """attention() on *path*, with V_1 handed on along a value-residual path."""
+        out = attention(x_q, x_kv, params, name, heads, masked, prev, n, path_mode(path),
+                        first_values.get(path), value_mix)  # fmt: skip
+        if path in value_paths and path not in first_values:
+            first_values[path] = out[3]
+        return out[:3]
 
     enc, dec = model.encoder, model.decoder
     pad = enc.padding_idx
@@ -124,24 +171,26 @@ def reference_forward(
     src_pad = src_tokens.eq(pad)  # (B, S)
     x = enc.embed_scale * enc.embed_tokens(src_tokens) + enc.embed_positions(src_tokens)
     x = x * (~src_pad).unsqueeze(-1)
+    dual = Dual(x) if backbone == "resi-dual" else None
     carried, out = None, {"encoder_scores": [], "decoder_scores": [], "cross_scores": []}
     for n, i in enumerate(encoder_layers, start=1):
         p = f"encoder.layers.{i}"
 
         def self_attn(h):
             nonlocal carried
-            o, s, _ = attention(h, h, params, f"{p}.self_attn", heads, src_pad.unsqueeze(1),
-                                carried, n, path_mode("encoder"))  # fmt: skip
+            o, s, _ = attend("encoder", h, h, f"{p}.self_attn", src_pad.unsqueeze(1), carried, n)
             carried = s if "encoder" in paths else None
             out["encoder_scores"].append(s)
             return o
 
         x = residual_sublayer(x, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
-                              backbone, enc_alpha, enc_profile)  # fmt: skip
+                              backbone, enc_alpha, enc_profile, dual)  # fmt: skip
         x = residual_sublayer(x, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, enc_alpha, enc_profile)  # fmt: skip
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, enc_alpha, enc_profile, dual)  # fmt: skip
     if backbone == "pre-ln":
         x = _layer_norm(x, params, "encoder.layer_norm")
+    if backbone == "resi-dual":
+        x = x + _layer_norm(dual.d, params, "encoder.layer_norm", eps=RESIDUAL_EPS)
     encoder_out = x
 
     # Decoder
@@ -149,35 +198,36 @@ def reference_forward(
     future = torch.ones(T, T, dtype=torch.bool).triu(1).unsqueeze(0)  # (1, T, T)
     self_masked = future | prev_output_tokens.eq(pad).unsqueeze(1)
     y = dec.embed_scale * dec.embed_tokens(prev_output_tokens) + dec.embed_positions(prev_output_tokens)
+    dual = Dual(y) if backbone == "resi-dual" else None
     self_carried = cross_carried = None
     for n, i in enumerate(decoder_layers, start=1):
         p = f"decoder.layers.{i}"
 
         def self_attn(h):
             nonlocal self_carried
-            o, s, _ = attention(h, h, params, f"{p}.self_attn", heads, self_masked, self_carried, n,
-                                path_mode("decoder"))  # fmt: skip
+            o, s, _ = attend("decoder", h, h, f"{p}.self_attn", self_masked, self_carried, n)
             self_carried = s if "decoder" in paths else None
             out["decoder_scores"].append(s)
             return o
 
         def cross_attn(h):
             nonlocal cross_carried
-            o, s, probs = attention(h, encoder_out, params, f"{p}.encoder_attn", heads,
-                                    src_pad.unsqueeze(1), cross_carried, n, path_mode("cross"))  # fmt: skip
+            o, s, probs = attend("cross", h, encoder_out, f"{p}.encoder_attn", src_pad.unsqueeze(1), cross_carried, n)
             cross_carried = s if "cross" in paths else None
             out["cross_scores"].append(s)
             out["cross_probs"] = probs
             return o
 
         y = residual_sublayer(y, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
-                              backbone, dec_alpha, dec_profile)  # fmt: skip
+                              backbone, dec_alpha, dec_profile, dual)  # fmt: skip
         y = residual_sublayer(y, cross_attn, params, f"{p}.encoder_attn_layer_norm",
-                              f"{p}.encoder_attn_omega", backbone, dec_alpha, dec_profile)  # fmt: skip
+                              f"{p}.encoder_attn_omega", backbone, dec_alpha, dec_profile, dual)  # fmt: skip
         y = residual_sublayer(y, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, dec_alpha, dec_profile)  # fmt: skip
+                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, dec_alpha, dec_profile, dual)  # fmt: skip
     if backbone == "pre-ln":
         y = _layer_norm(y, params, "decoder.layer_norm")
+    if backbone == "resi-dual":
+        y = y + _layer_norm(dual.d, params, "decoder.layer_norm", eps=RESIDUAL_EPS)
     out["encoder_out"] = encoder_out
     out["logits"] = y @ params["decoder.output_projection.weight"].T
     if profile:

@@ -8,11 +8,11 @@ import torch
 import torch.multiprocessing as mp
 
 from fairseq_realformer.errors import RealformerConfigError
-from fairseq_realformer.modules.admin import read_clinic_profile, write_clinic_profile
-from fairseq_realformer.modules.layers import deepnorm_alpha_beta as alpha_beta
+from fairseq_realformer.modules.admin import pending, read_clinic_profile
+from fairseq_realformer.modules.backbones import deepnorm_alpha_beta as alpha_beta
 
 from .cli import TRAIN, free_port, popen, preprocess, run
-from .helpers import HEADS, USER_DIR, make_dictionary, random_batch, realformer
+from .helpers import HEADS, USER_DIR, make_dictionary, random_batch, realformer, write_clinic_profile
 from .reference import reference_forward
 
 DICT = make_dictionary()
@@ -48,9 +48,9 @@ def test_profiling_sets_omega_by_the_formula():
     """Dropout is 0 in the tiny models, which makes the pass deterministic."""
     model = profiled_model()
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS, seed=4)
-    assert model.admin_init_pending and scalar_omegas(model) == [1.0] * 15
+    assert pending(model) and scalar_omegas(model) == [1.0] * 15
     model.initialize_admin(net_input(src, src_len, prev))
-    assert not model.admin_init_pending and float(model.admin_initialized) == 1.0
+    assert not pending(model) and float(model.admin_initialized) == 1.0
 
     ref = reference_forward(model, src, prev, paths={"encoder", "decoder", "cross"}, mode="mean",
                             backbone="admin", heads=HEADS, profile=True)  # fmt: skip
@@ -94,7 +94,7 @@ def test_checkpoint_carries_omega_and_loading_never_profiles_again():
     first.initialize_admin(net_input(*random_batch(DICT, SRC_LENS, TGT_LENS, seed=1)))
     resumed = profiled_model(seed=5)
     resumed.load_state_dict(first.state_dict())
-    assert not resumed.admin_init_pending
+    assert not pending(resumed)
     resumed.initialize_admin(net_input(*random_batch(DICT, [9, 9], [9, 9], seed=2)))  # a no-op now
     for got, want in zip(omegas(resumed), omegas(first)):
         assert torch.equal(got, want)
@@ -141,7 +141,7 @@ def test_clinic_profile_round_trips(tmp_path):
     assert read_clinic_profile(path, 3, 3) == (encoder, decoder)
 
     model = realformer("all", "mean", "admin", "--admin-init-path", str(path), dictionary=DICT)
-    assert model.admin_init_pending
+    assert pending(model)
     model.initialize_admin()
     assert scalar_omegas(model) == encoder + decoder
     again = tmp_path / "again.init"

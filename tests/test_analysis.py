@@ -18,7 +18,8 @@ from scipy.spatial.distance import jensenshannon
 from scipy.stats import entropy as scipy_entropy
 
 from fairseq_realformer.analysis import cli
-from fairseq_realformer.analysis.capture import PATHS, AttentionRecorder, attention_modules
+from fairseq_realformer.analysis.capture import AttentionRecorder, attention_modules
+from fairseq_realformer.options import PATHS
 from fairseq_realformer.analysis.measure import measure
 from fairseq_realformer.analysis.statistics import (
     RESOLUTION,

@@ -1,14 +1,16 @@
 """ReZero and T-Fixup: no LayerNorm anywhere, ReZero's layers start as the identity, T-Fixup's
-weights have the standard deviations of its formula; impossible flags name themselves."""
+weights have the standard deviations of its formula; impossible flags name themselves. ResiDual:
+its dual stream starts from the embedding and the stack's LayerNorm normalises it."""
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fairseq_realformer.errors import RealformerConfigError
-from fairseq_realformer.modules.layers import tfixup_scales
+from fairseq_realformer.modules.backbones import tfixup_scales
 
-from .helpers import build_model, make_dictionary, random_batch, realformer
+from .helpers import EMBED, build_model, make_dictionary, perturb_, random_batch, realformer
 
 DICT = make_dictionary()
 
@@ -94,3 +96,46 @@ def test_flags_that_contradict_the_backbone_name_the_flags(backbone, flags, name
     with pytest.raises(RealformerConfigError) as error:
         realformer("all", "mean", backbone, *flags, dictionary=DICT)
     assert str(error.value).startswith(names.format(backbone))
+
+
+# --- ResiDual ------------------------------------------------------------------------------------------
+
+
+def _silence_every_branch_(model):
+    """Zero every sublayer's last projection (attention output, FFN fc2): every f(x) is 0."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".out_proj." in name or ".fc2." in name:
+                p.zero_()
+    return model
+
+
+def test_resi_dual_stream_starts_from_the_embedding_and_the_stack_layer_norm_is_applied_to_it():
+    """With every branch f(x) = 0 the dual stream stays the embedded input d₀, so the stack's
+    output minus its last layer's x is exactly LN(d₀), with the stack's LayerNorm (eps 1e-7)."""
+    model = _silence_every_branch_(perturb_(realformer("all", "mean", "resi-dual", dictionary=DICT)))
+    enc, dec = model.encoder, model.decoder
+    assert enc.layer_norm.eps == dec.layer_norm.eps == 1e-7
+    src, src_len, prev = random_batch(DICT, [6, 9, 4], [5, 7, 3])
+    encoder_out = enc(src, src_lengths=src_len, return_all_hiddens=True)
+    embedded = (enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)) * src.ne(DICT.pad()).unsqueeze(-1)
+    last_x = encoder_out["encoder_states"][-1].transpose(0, 1)
+    got = encoder_out["encoder_out"][0].transpose(0, 1) - last_x
+    want = F.layer_norm(embedded, (EMBED,), enc.layer_norm.weight, enc.layer_norm.bias, eps=1e-7)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+    features, extra = dec(prev, encoder_out=encoder_out, features_only=True)
+    embedded = dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)
+    got = features - extra["inner_states"][-1].transpose(0, 1)
+    want = F.layer_norm(embedded, (EMBED,), dec.layer_norm.weight, dec.layer_norm.bias, eps=1e-7)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_resi_dual_layers_are_post_ln_and_add_only_the_stack_layer_norms():
+    """The layers are fairseq's Post-LN layers (same parameters); the stacks gain one
+    LayerNorm each, over the dual stream."""
+    post_ln = set(realformer("all", "mean", "post-ln", dictionary=DICT).state_dict())
+    resi_dual = realformer("all", "mean", "resi-dual", dictionary=DICT)
+    assert set(resi_dual.state_dict()) - post_ln == {
+        f"{side}.layer_norm.{p}" for side in ("encoder", "decoder") for p in ("weight", "bias")}
+    assert not any(layer.normalize_before for layer in (*resi_dual.encoder.layers, *resi_dual.decoder.layers))

@@ -10,8 +10,8 @@ from fairseq_realformer.modules import ResidualMultiheadAttention
 from fairseq_realformer.modules.admin import closed_form_omega
 
 from .helpers import (
-    BACKBONES, HEADS, LAYERS, MODES, PATH_SETS, build_model, make_dictionary, paths_of,
-    perturb_, random_batch, realformer,
+    BACKBONES, HEADS, LAYERS, MODES, PATH_SETS, VALUE_RESIDUAL, build_model, make_dictionary, paths_of,
+    perturb_, random_batch, realformer, value_residual_of,
 )  # fmt: skip
 from .reference import reference_forward
 
@@ -84,16 +84,20 @@ def test_admin_closed_form_omega(layers):
 # --- switched on, it computes the paper's equations --------------------------------------------
 
 
+@pytest.mark.parametrize("value_residual", VALUE_RESIDUAL)
 @pytest.mark.parametrize("backbone", BACKBONES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("paths", PATH_SETS)
-def test_matches_reference(paths, mode, backbone):
-    model = perturb_(realformer(paths, mode, backbone, dictionary=DICT))
+def test_matches_reference(paths, mode, backbone, value_residual):
+    model = perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     enc, logits, extra = forward(model, src, src_len, prev)
-    ref = reference_forward(model, src, prev, paths=paths_of(paths), mode=mode, backbone=backbone, heads=HEADS)
-    assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True))
-    assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False))
+    ref = reference_forward(model, src, prev, paths=paths_of(paths), mode=mode, backbone=backbone, heads=HEADS,
+                            **value_residual_of(value_residual))  # fmt: skip
+    # ResiDual's output x + LN(d) adds two unit-scale streams: twice float32's rounding
+    atol = 2e-5 if backbone == "resi-dual" else 1e-5
+    assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True), atol)
+    assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False), atol)
     # the alignment fairseq reports: last layer's cross-attention probabilities, head-averaged
     assert_close_at(extra["attn"][0], ref["cross_probs"].mean(dim=1), real_positions(TGT_LENS, left=False))
 
@@ -110,11 +114,12 @@ def test_residual_attention_modules_sit_exactly_on_the_chosen_paths():
 # --- decoding -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("value_residual", VALUE_RESIDUAL)
 @pytest.mark.parametrize("backbone", BACKBONES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("paths", PATH_SETS)
-def test_incremental_decoding_equals_full_forward(paths, mode, backbone):
-    model = perturb_(realformer(paths, mode, backbone, dictionary=DICT))
+def test_incremental_decoding_equals_full_forward(paths, mode, backbone, value_residual):
+    model = perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
     src, src_len, prev = random_batch(DICT, SRC_LENS, [7, 7, 7])
     encoder_out = model.encoder(src, src_lengths=src_len)
     full, full_extra = model.decoder(prev, encoder_out=encoder_out)
@@ -126,14 +131,16 @@ def test_incremental_decoding_equals_full_forward(paths, mode, backbone):
 
 
 @pytest.mark.parametrize(
-    "paths, mode, backbone",
-    [("all", "mean", "admin"), ("all", "sum", "post-ln"), ("cross", "mean", "pre-ln"), ("none", "sum", "admin"),
-     ("all", "mean", "rezero"), ("decoder,cross", "sum", "t-fixup")],
+    "paths, mode, backbone, value_residual",
+    [("all", "mean", "admin", "no-vr"), ("all", "sum", "post-ln", "no-vr"), ("cross", "mean", "pre-ln", "no-vr"),
+     ("none", "sum", "admin", "no-vr"), ("all", "mean", "rezero", "no-vr"), ("decoder,cross", "sum", "t-fixup", "no-vr"),
+     ("all", "mean", "resi-dual", "no-vr"), ("all", "mean", "admin", "vr-learned"), ("none", "sum", "post-ln", "vr-half"),
+     ("all", "mean", "resi-dual", "vr-learned")],
 )  # fmt: skip
-def test_beam_search_scores_are_the_models_probabilities(paths, mode, backbone):
+def test_beam_search_scores_are_the_models_probabilities(paths, mode, backbone, value_residual):
     """Beam 4 through fairseq's generator (beam reordering of the incremental state): every
     hypothesis' token scores equal the full teacher-forced forward pass on that hypothesis."""
-    model = realformer(paths, mode, backbone, dictionary=DICT)
+    model = realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT)
     model = perturb_(model, scale=0.5 if model.options.layer_norm else None)
     src, src_len, _ = random_batch(DICT, SRC_LENS, TGT_LENS)
     generator = SequenceGenerator([model], DICT, beam_size=4, max_len_a=0, max_len_b=8)
@@ -215,11 +222,11 @@ def _scores_and_grads(model, path, cut_carry):
     With *cut_carry*, layer 2 receives S_1 detached: only the carry's edge is removed."""
     first, second = _attention_modules(model, path)[:2]
     captured = []
-    hooks = [m.register_forward_hook(lambda m, a, k, out: captured.append(out[2]), with_kwargs=True)
+    hooks = [m.register_forward_hook(lambda m, a, k, out: captured.append(out[2].scores), with_kwargs=True)
              for m in (first, second)]  # fmt: skip
     if cut_carry:
         def detach_prev(module, args, kwargs):
-            kwargs["prev_scores"] = kwargs["prev_scores"].detach()
+            kwargs["carried"] = kwargs["carried"]._replace(scores=kwargs["carried"].scores.detach())
             return args, kwargs
 
         hooks.append(second.register_forward_pre_hook(detach_prev, with_kwargs=True))
@@ -281,6 +288,7 @@ def test_layerdrop_counts_the_layers_actually_run():
         (["--no-cross-attention"], "--no-cross-attention"),
         (["--backbone", "post-ln", "--encoder-normalize-before"], "--encoder-normalize-before"),
         (["--backbone", "admin", "--decoder-normalize-before"], "--backbone admin"),
+        (["--backbone", "resi-dual", "--encoder-normalize-before"], "--backbone resi-dual"),
         (["--residual-attention-paths", "encoder,self"], "--residual-attention-paths"),
         (["--base-layers", "1"], "--base-layers"),
     ],

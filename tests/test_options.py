@@ -97,10 +97,41 @@ def test_a_model_lacking_options_gets_todays_defaults():
     assert isinstance(model.decoder.layers[0].encoder_attn, ResidualMultiheadAttention)
 
 
+ALL, NONE = frozenset(options.PATHS), frozenset()
+# each variant's options as its name promises: (score paths, running mean, backbone, --admin-init,
+# value-residual paths)
+VARIANT_OPTIONS = {
+    "post-ln": (NONE, True, "post-ln", "closed-form"),
+    "pre-ln": (NONE, True, "pre-ln", "closed-form"),
+    "admin": (NONE, True, "admin", "profile"),
+    "deepnorm": (NONE, True, "deepnorm", "closed-form"),
+    "realformer": (ALL, True, "admin", "profile"),
+    "realformer-sum": (ALL, False, "admin", "profile"),
+    "rezero": (NONE, True, "rezero", "closed-form"),
+    "rezero-realformer": (ALL, True, "rezero", "closed-form"),
+    "t-fixup": (NONE, True, "t-fixup", "closed-form"),
+    "t-fixup-realformer": (ALL, True, "t-fixup", "closed-form"),
+    "admin-radam": (NONE, True, "admin", "profile"),
+    "realformer-value-residual": (ALL, True, "admin", "profile", ALL),
+    "resi-dual": (NONE, True, "resi-dual", "closed-form"),
+    "resi-dual-realformer": (ALL, True, "resi-dual", "closed-form"),
+}
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_every_named_variant_builds(name):
-    model = build_model("realformer_iwslt_de_en", *VARIANTS[name], dictionary=DICT)
-    assert model.options.backbone == VARIANTS[name][VARIANTS[name].index("--backbone") + 1]
+def test_every_named_variant_builds_with_the_options_its_name_promises(name):
+    args = parse_args("realformer_iwslt_de_en", *VARIANTS[name])
+    model = ARCH_MODEL_REGISTRY["realformer"].build_model(args, FakeTask(DICT))
+    paths, running_mean, backbone, admin_init, *value_paths = VARIANT_OPTIONS[name]
+    value_paths = value_paths[0] if value_paths else NONE
+    assert model.options == options.RealformerOptions(paths, running_mean, backbone, admin_init, None, value_paths, "half")
+    # only admin-radam changes the training recipe: RAdam without warm-up
+    radam = (args.optimizer, args.warmup_updates) == ("radam", 0)
+    assert radam == (name == "admin-radam")
+
+
+def test_every_named_variant_is_in_the_table_above():
+    assert set(VARIANT_OPTIONS) == set(VARIANTS)
 
 
 def test_variants_print_their_flags_for_shell_scripts():

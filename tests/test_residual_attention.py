@@ -6,6 +6,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 
 from fairseq_realformer.modules import ResidualMultiheadAttention
+from fairseq_realformer.modules.residual_attention import Carried
 
 EMBED, HEADS, B, T, S = 16, 4, 3, 5, 7
 
@@ -69,12 +70,12 @@ def test_incremental_steps_without_prev_are_fairseqs(kind):
         x = torch.randn(1, B, EMBED)
         if kind == "self":
             want, _ = theirs(x, x, x, incremental_state=state_theirs)
-            got, _, scores = ours(x, x, x, incremental_state=state_ours)
-            assert scores.shape == (B * HEADS, 1, t + 1)
+            got, _, carried = ours(x, x, x, incremental_state=state_ours)
+            assert carried.scores.shape == (B * HEADS, 1, t + 1)
         else:
             want, _ = theirs(x, enc, enc, key_padding_mask=kpm, incremental_state=state_theirs, static_kv=True)
-            got, _, scores = ours(x, enc, enc, key_padding_mask=kpm, incremental_state=state_ours, static_kv=True)
-            assert scores.shape == (B * HEADS, 1, S)
+            got, _, carried = ours(x, enc, enc, key_padding_mask=kpm, incremental_state=state_ours, static_kv=True)
+            assert carried.scores.shape == (B * HEADS, 1, S)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
@@ -94,7 +95,7 @@ def test_beamable_cross_attention_equals_per_hypothesis():
             q = torch.randn(1, sentences * beam, EMBED)
             prev = torch.randn(sentences * beam * HEADS, 1, S)
             step_results.append(ours(q, enc, enc, key_padding_mask=kpm, incremental_state=state,
-                                     static_kv=True, prev_scores=prev, depth=2, need_weights=True))  # fmt: skip
+                                     static_kv=True, carried=Carried(prev), depth=2, need_weights=True))  # fmt: skip
         results.append(step_results)
     for per_hypothesis, beamable in zip(*results):
         for want, got in zip(per_hypothesis, beamable):
@@ -118,8 +119,8 @@ def test_hands_on_the_unmasked_sum_out_of_place(running_mean):
     prev_before = prev.clone()
     kpm, mask = padding([5, 3, 4], T, left=False), future_mask(T)
     depth = 3
-    _, weights, scores = ours(x, x, x, key_padding_mask=kpm, attn_mask=mask, prev_scores=prev,
-                              need_head_weights=True, depth=depth)  # fmt: skip
+    _, weights, (scores, _) = ours(x, x, x, key_padding_mask=kpm, attn_mask=mask, carried=Carried(prev),
+                                 need_head_weights=True, depth=depth)  # fmt: skip
 
     expected = raw_scores(ours, x, x) + prev_before
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-5)
@@ -141,9 +142,9 @@ def test_carried_scores_are_not_aliased_by_the_next_layer():
     x, kpm, mask = torch.randn(T, B, EMBED), padding([5, 3, 4], T, left=False), future_mask(T)
     for running_mean in (False, True):
         second.running_mean = running_mean
-        _, _, s1 = first(x, x, x, key_padding_mask=kpm, attn_mask=mask)
+        _, _, (s1, _) = first(x, x, x, key_padding_mask=kpm, attn_mask=mask)
         s1_before = s1.clone()
-        second(x, x, x, key_padding_mask=kpm, attn_mask=mask, prev_scores=s1, depth=2)
+        second(x, x, x, key_padding_mask=kpm, attn_mask=mask, carried=Carried(s1), depth=2)
         assert torch.equal(s1, s1_before)
 
 
@@ -154,12 +155,12 @@ def test_float16_carry_is_float32_and_does_not_overflow():
     # a carried sum already beyond float16's range (65504)
     prev = torch.full((B * HEADS, T, T), 70000.0)
     try:
-        out, _, scores = ours(x, x, x, prev_scores=prev, depth=2)
+        out, _, (scores, _) = ours(x, x, x, carried=Carried(prev), depth=2)
     except RuntimeError as e:  # pragma: no cover - CPU builds without float16 GEMM
         pytest.skip(f"float16 matmul unavailable on this CPU build: {e}")
     assert scores.dtype == torch.float32 and out.dtype == torch.float16
     assert torch.isfinite(scores).all() and torch.isfinite(out).all()
-    _, _, first = ours(x, x, x)
+    _, _, (first, _) = ours(x, x, x)
     assert first.dtype == torch.float32, "the first layer must start the carry in float32"
 
 
@@ -167,8 +168,8 @@ def test_bfloat16_carry_stays_bfloat16():
     _, ours = pair(self_attention=True)
     ours = ours.to(torch.bfloat16)
     x = torch.randn(T, B, EMBED, dtype=torch.bfloat16)
-    _, _, s1 = ours(x, x, x)
-    _, _, s2 = ours(x, x, x, prev_scores=s1, depth=2)
+    _, _, (s1, _) = ours(x, x, x)
+    _, _, (s2, _) = ours(x, x, x, carried=Carried(s1), depth=2)
     assert s1.dtype == s2.dtype == torch.bfloat16
 
 
@@ -188,9 +189,9 @@ def test_half_precision_gradients_match_float32(dtype, running_mean):
     grads = []
     for module, inputs in ((reference, x), (half, x.to(dtype))):
         try:
-            out, _, scores = module(inputs, inputs, inputs, key_padding_mask=kpm, attn_mask=mask,
-                                    prev_scores=prev if dtype == torch.float16 or module is reference
-                                    else prev.to(dtype), depth=2)  # fmt: skip
+            out, _, (scores, _) = module(inputs, inputs, inputs, key_padding_mask=kpm, attn_mask=mask,
+                                    carried=Carried(prev if dtype == torch.float16 or module is reference
+                                    else prev.to(dtype)), depth=2)  # fmt: skip
             (out.float().square().sum() + scores.float().sum()).backward()
         except RuntimeError as e:  # pragma: no cover - CPU builds without half GEMM backward
             pytest.skip(f"{dtype} backward unavailable on this CPU build: {e}")

@@ -16,8 +16,7 @@ from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
 
-# The three attention types of an encoder-decoder, named as the plugin's score paths.
-PATHS = ("encoder", "decoder", "cross")
+# The three attention types of an encoder-decoder, by the name of their score path (options.PATHS).
 PATH_TITLES = {
     "encoder": "encoder self-attention",
     "decoder": "decoder self-attention",

@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from .. import folders
 from ..errors import RealformerConfigError
-from .capture import PATH_TITLES, PATHS, attention_modules
+from ..options import PATHS
+from .capture import PATH_TITLES, attention_modules
 from .measure import ModelAttention, measure
 from .statistics import ENTROPY_UNITS, RESOLUTION
 

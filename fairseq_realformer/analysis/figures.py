@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from .capture import PATH_TITLES, PATHS
+from ..options import PATHS
+from .capture import PATH_TITLES
 
 COLOURS = ("#3b75af", "#f2c14e", "#c8453c")  # blue, yellow, red: the paper's three bands
 MEDIAN_COLOUR = "#222222"

@@ -5,7 +5,8 @@ from typing import Callable, Dict, Iterable, Optional
 import torch
 from torch import nn
 
-from .capture import PATHS, AttentionRecorder
+from ..options import PATHS
+from .capture import AttentionRecorder
 from .statistics import PathStatistics, path_masks
 
 

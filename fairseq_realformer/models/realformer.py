@@ -1,6 +1,6 @@
 """The ``realformer`` model: fairseq's Transformer with RealFormer residual attention on any of
 its three score paths (encoder self-attention, decoder self-attention, encoder-decoder
-attention), on any backbone of ``options.BACKBONES``.
+attention), on any backbone of ``modules.backbones.BACKBONES``.
 
 With ``--residual-attention-paths none`` and ``--backbone post-ln`` (or ``pre-ln``) it is
 fairseq's ``transformer``: same modules, same parameter names, same outputs.
@@ -10,6 +10,7 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq.distributed import fsdp_wrap
+from fairseq.modules import LayerNorm
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerDecoderBase,
@@ -19,10 +20,12 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import options as plugin_options
 from ..modules import admin
-from ..modules.layers import RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
+from ..modules.backbones import BACKBONES
+from ..modules.layers import Carry, RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
 
 # The options of the model being built. fairseq's build_model calls build_encoder/build_decoder
 # with a config it makes itself; the options reach them through this context, never through
@@ -31,11 +34,55 @@ _options_being_built: ContextVar[plugin_options.RealformerOptions] = ContextVar(
 
 
 def _wrap_layer(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, exactly as fairseq wraps its own layers."""
+    """Activation checkpointing and FSDP wrapping, as fairseq wraps its own layers."""
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        layer = _checkpoint_activations(layer, offload_to_cpu=cfg.offload_activations)
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+def _checkpoint_activations(layer, offload_to_cpu: bool):
+    """fairseq's ``checkpoint_wrapper`` around *layer*, with its arguments and results
+    flattened: that wrapper passes gradients only through tensors given or returned at the top
+    level, and a layer takes and returns the ``Carry`` structure."""
+    structured_forward, results = layer.forward, {}
+
+    def flat_forward(spec, *leaves):
+        args, kwargs = tree_unflatten(list(leaves), spec)
+        out_leaves, results["spec"] = tree_flatten(structured_forward(*args, **kwargs))
+        return tuple(out_leaves)
+
+    layer.forward = flat_forward
+    checkpointed = checkpoint_wrapper(layer, offload_to_cpu=offload_to_cpu).forward
+
+    def forward(*args, **kwargs):
+        leaves, spec = tree_flatten((args, kwargs))
+        return tree_unflatten(list(checkpointed(spec, *leaves)), results["spec"])
+
+    layer.forward = forward
+    return layer
+
+
+def _build_stack_stream_layer_norm(stack, cfg, options) -> None:
+    """The LayerNorm a stack-level stream is normalised with at the stack's output (ResiDual);
+    fairseq builds ``layer_norm`` only for Pre-LN."""
+    stream = BACKBONES[options.backbone].stack_stream
+    if stream is not None:
+        stack.layer_norm = LayerNorm(stack.embed_tokens.embedding_dim, eps=stream.layer_norm_eps, export=cfg.export)
+
+
+def _start_carry(x: Tensor, options) -> Carry:
+    """Nothing carried on any path yet; the backbone's stack-level stream starts from the
+    embedded input *x* (ResiDual)."""
+    return Carry(stream=x if BACKBONES[options.backbone].stack_stream is not None else None)
+
+
+def _stack_output(stack, x: Tensor, carry: Carry) -> Tensor:
+    """x + LN(d) with a stack-level stream (ResiDual), LN(x) where fairseq built the stack's
+    LayerNorm (Pre-LN), else x."""
+    if carry.stream is not None:
+        return x + stack.layer_norm(carry.stream)
+    return stack.layer_norm(x) if stack.layer_norm is not None else x
 
 
 class RealformerEncoder(TransformerEncoderBase):
@@ -47,10 +94,12 @@ class RealformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, options):
         self.options = options  # read by build_encoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens)
+        _build_stack_stream_layer_norm(self, cfg, options)
         initialize_embeddings(options, cfg, self.embed_tokens, "encoder")
 
     def build_encoder_layer(self, cfg):
-        return _wrap_layer(RealformerEncoderLayer(cfg, self.options), cfg)
+        index = self._layers_built = getattr(self, "_layers_built", -1) + 1  # fairseq builds them in order
+        return _wrap_layer(RealformerEncoderLayer(cfg, self.options, index), cfg)
 
     def forward_scriptable(
         self,
@@ -67,19 +116,18 @@ class RealformerEncoder(TransformerEncoderBase):
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []
-        scores = None
+        carry = _start_carry(x, self.options)
         # depth counts the layers actually run, so LayerDrop keeps the running mean right
         for depth, layer in enumerate(self.layers, start=1):
-            x, scores = layer(
+            x, carry = layer(
                 x,
                 encoder_padding_mask=encoder_padding_mask if has_pads else None,
-                prev_scores=scores,
+                carry=carry,
                 depth=depth,
             )
             if return_all_hiddens:
                 encoder_states.append(x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        x = _stack_output(self, x, carry)
 
         src_lengths = (
             src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
@@ -105,10 +153,12 @@ class RealformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, options, no_encoder_attn=False):
         self.options = options  # read by build_decoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        _build_stack_stream_layer_norm(self, cfg, options)
         initialize_embeddings(options, cfg, self.embed_tokens, "decoder")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap_layer(RealformerDecoderLayer(cfg, self.options, no_encoder_attn), cfg)
+        index = self._layers_built = getattr(self, "_layers_built", -1) + 1  # fairseq builds them in order
+        return _wrap_layer(RealformerDecoderLayer(cfg, self.options, no_encoder_attn, index), cfg)
 
     def extract_features_scriptable(
         self,
@@ -138,9 +188,9 @@ class RealformerDecoder(TransformerDecoderBase):
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
-        self_scores = cross_scores = None
+        carry = _start_carry(x, self.options)
         for idx, layer in enumerate(self.layers):
-            x, layer_attn, self_scores, cross_scores = layer(
+            x, layer_attn, carry = layer(
                 x,
                 enc,
                 padding_mask,
@@ -149,8 +199,7 @@ class RealformerDecoder(TransformerDecoderBase):
                 self_attn_padding_mask=self_attn_padding_mask,
                 need_attn=idx == alignment_layer,
                 need_head_weights=idx == alignment_layer,
-                prev_self_scores=self_scores,
-                prev_cross_scores=cross_scores,
+                carry=carry,
                 depth=idx + 1,
             )
             inner_states.append(x)
@@ -161,8 +210,7 @@ class RealformerDecoder(TransformerDecoderBase):
             if alignment_heads is not None:
                 attn = attn[:alignment_heads]
             attn = attn.mean(dim=0)  # average probabilities over heads
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
+        x = _stack_output(self, x, carry)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
@@ -195,7 +243,7 @@ class RealformerDecoder(TransformerDecoderBase):
 @register_model("realformer")
 class RealformerModel(TransformerModel):
     """RealFormer residual attention (He et al. 2021) on a Transformer of any backbone (Post-LN,
-    Pre-LN, ADMIN, DeepNorm, ReZero, T-Fixup).
+    Pre-LN, ADMIN, DeepNorm, ReZero, T-Fixup, ResiDual).
 
     Subclassed from fairseq's (legacy, argparse) ``transformer`` for its flags, embeddings and
     generation interface; only the encoder, decoder and their layers differ.
@@ -232,11 +280,6 @@ class RealformerModel(TransformerModel):
         options = _options_being_built.get()
         cfg.decoder.normalize_before = options.normalize_before
         return RealformerDecoder(cfg, tgt_dict, embed_tokens, options, no_encoder_attn=cfg.no_cross_attention)
-
-    @property
-    def admin_init_pending(self) -> bool:
-        """ADMIN's ω still have to be set from data (--admin-init profile / --admin-init-path)."""
-        return admin.pending(self)
 
     def initialize_admin(self, net_input: Optional[Dict[str, Tensor]] = None) -> None:
         """Set ADMIN's ω from data before building the optimizer (see ``admin.initialize``)."""

@@ -29,7 +29,7 @@ keep their own copy of the parameters (fairseq's --fp16) would otherwise overwri
 import logging
 import math
 import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -243,10 +243,3 @@ def read_clinic_profile(path: str, encoder_layers: int, decoder_layers: int) -> 
         )
     return runs[0], runs[1]
 
-
-def write_clinic_profile(path: str, encoder_omegas: Sequence[float], decoder_omegas: Sequence[float]) -> None:
-    """Write ω in Transformer-Clinic's ``profile.ratio.init`` format."""
-    with open(path, "w") as f:
-        for omegas in (encoder_omegas, decoder_omegas):
-            for index, omega in enumerate(omegas, start=1):
-                f.write(f"{index} {omega!r}\n")

@@ -1,4 +1,5 @@
-"""Residual multi-head attention (RealFormer, He et al. 2021).
+"""Residual multi-head attention: residual scores (RealFormer, He et al. 2021) and residual values
+(ResFormer, Zhou et al. 2025), each on its own choice of paths.
 
 Every attention layer on a residual score path adds the previous layer's raw pre-softmax scores
 to its own and hands the sum on:
@@ -16,13 +17,27 @@ and masked entries are masked again by every layer that reads them.
 Decoding needs no extra cache: row t of S_n depends only on row t of S_{n-1}, so each decoding
 step carries ``(B·H, 1, t)`` self-attention scores and ``(B·H, 1, S)`` cross-attention scores
 from layer to layer.
+
+On a value-residual path, attention layer n ≥ 2 reads the values
+
+    V_n' = λ·V_n + (1 − λ)·V_1         V_1: the path's first layer's projected values (bias included)
+
+with λ = ½ (``half``, ResFormer) or λ = sigmoid(x·w + b) per token and head (``learned``; x the
+sublayer's query input, w and b zero at initialisation, so it starts as ``half``). In
+self-attention a token's λ mixes its own values (query and value tokens are the same tokens, as
+in x-transformers); in cross-attention the values are the encoder's, so query t's λ mixes what t
+reads: λ_t·(P V_n)_t + (1 − λ_t)·(P V_1)_t. Decoding needs no extra cache either: a
+self-attention layer caches its mixed values and needs only the step's rows of V_1;
+cross-attention reads V_1 from the first layer's cache. Under LayerDrop, V_1 is the values of
+the first layer of the path that runs in this pass. V_1 is carried in float32 when the attention
+computes in float16, as the scores are.
 """
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
 
@@ -56,6 +71,13 @@ def _softmax(logits: Tensor, dtype: torch.dtype) -> Tensor:
     return _SoftmaxSavedInHalf.apply(logits, dtype)
 
 
+class Carried(NamedTuple):
+    """What one attention layer hands to the next on its path (None: nothing carried)."""
+
+    scores: Optional[Tensor] = None  # S_n: the unmasked, undivided running sum of scores
+    values: Optional[Tensor] = None  # V_1: the path's first layer's values (value residual)
+
+
 def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tensor:
     """``bmm`` for beamable cross-attention, where the encoder side is kept once per sentence,
     not once per hypothesis: *a* (sentences · beam · heads, rows, k) from the hypotheses, *b*
@@ -68,7 +90,7 @@ def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tens
 
 
 class ResidualMultiheadAttention(MultiheadAttention):
-    """fairseq's ``MultiheadAttention`` that takes and returns the carried scores.
+    """fairseq's ``MultiheadAttention`` that takes and returns what its path carries.
 
     Subclassed for its projections (same parameter names, so state dicts are interchangeable),
     initialisation, incremental-state buffers, beam reordering and beamable cross-attention;
@@ -76,18 +98,26 @@ class ResidualMultiheadAttention(MultiheadAttention):
     computes none, and ``before_softmax`` returns them already masked, in place).
 
     Args:
+        residual_scores: carry the scores (RealFormer); else this layer's scores stay its own.
         running_mean: softmax over ``S_n / n`` instead of ``S_n`` (the paper's choice for NMT).
+        value_mix: "half" or "learned" on a value-residual path, else None.
+        value_gate: build λ's w and b (``learned``, layers n ≥ 2).
         Other arguments as for fairseq's ``MultiheadAttention``.
     """
 
-    def __init__(self, embed_dim, num_heads, *, running_mean: bool = False, **kwargs):
+    def __init__(self, embed_dim, num_heads, *, residual_scores: bool = True, running_mean: bool = False,
+                 value_mix: Optional[str] = None, value_gate: bool = False, **kwargs):  # fmt: skip
         for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):
             if kwargs.get(unsupported):
                 raise RealformerConfigError(
                     f"residual attention does not support {unsupported.replace('_', '-')}"
                 )
         super().__init__(embed_dim, num_heads, **kwargs)
-        self.running_mean = running_mean
+        self.residual_scores = residual_scores
+        self.running_mean = running_mean and residual_scores
+        self.value_mix = value_mix
+        # λ = sigmoid(x·w + b) per head; zeros (no random draw), so λ starts at ½
+        self.value_gate = ValueGate(embed_dim, num_heads) if value_gate else None
 
     def forward(
         self,
@@ -100,112 +130,137 @@ class ResidualMultiheadAttention(MultiheadAttention):
         static_kv: bool = False,
         attn_mask: Optional[Tensor] = None,
         need_head_weights: bool = False,
-        prev_scores: Optional[Tensor] = None,
+        carried: Carried = Carried(),
         depth: int = 1,
-    ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+    ) -> Tuple[Tensor, Optional[Tensor], Carried]:
         """Time x Batch x Channel in, as fairseq's attention.
 
         Args:
-            prev_scores: ``S_{n-1}``, the carried scores of the previous layer on this path,
-                ``(bsz * heads, tgt_len, src_len)``; ``None`` for the first layer.
+            carried: what the previous layer on this path handed on: ``S_{n-1}``
+                ``(bsz * heads, tgt_len, src_len)`` and ``V_1`` ``(bsz * heads, len, head_dim)``;
+                empty for the first layer.
             depth: n, the number of attention layers this path has traversed including this
                 one (the running-mean divisor).
 
         Returns:
-            ``(output, weights, scores)``: output ``(tgt_len, bsz, embed_dim)``; this layer's
+            ``(output, weights, carried)``: output ``(tgt_len, bsz, embed_dim)``; this layer's
             attention probabilities averaged over heads (or per head with
-            *need_head_weights*) when asked for, else ``None``; and ``S_n`` to hand on,
-            unmasked, in float32 when the attention computes in float16 (a deep running sum
-            can overflow float16's 65504).
+            *need_head_weights*) when asked for, else ``None``; and what to hand on: ``S_n``,
+            unmasked, and ``V_1``, both in float32 when the attention computes in float16 (a
+            deep running sum can overflow float16's 65504).
         """
         tgt_len, bsz, embed_dim = query.size()
-        num_heads, head_dim = self.num_heads, self.head_dim
-
         saved_state = None
         if incremental_state is not None:
             saved_state = self._get_input_buffer(incremental_state)
             if static_kv and "prev_key" in saved_state:
                 key = value = None  # encoder keys/values were projected at the first step
+        q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask)
+        kv_bsz = bsz if k is None else k.size(0) // self.num_heads
+        first_values = carried.values
+        if self.value_mix is not None and self.self_attention:  # mix this call's values, then cache them
+            v, first_values = self._mix_values(query, v, first_values)
+        if saved_state is not None:
+            k, v, key_padding_mask, kv_bsz = self._extend_cache(
+                incremental_state, saved_state, k, v, key_padding_mask, static_kv
+            )
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+        mix_after = None
+        if self.value_mix is not None and not self.self_attention:  # the encoder's values: every step
+            v, first_values, mix_after = self._mix_cross_values(query, v, first_values)
 
+        prev_scores = carried.scores if self.residual_scores else None
+        attn, probs, scores = self._attend(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
+        if mix_after is not None:  # λ_t·(P V_n)_t + (1 − λ_t)·(P V_1)_t, from one product with [V_n | V_1]
+            attn = torch.lerp(attn[..., self.head_dim :], attn[..., : self.head_dim], mix_after)
+
+        attn = self.out_proj(attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim))
+        weights = _weights(probs, bsz, self.num_heads, need_head_weights) if need_weights or need_head_weights else None
+        return attn, weights, Carried(scores if self.residual_scores else None, first_values)
+
+    def _mix_values(self, query: Tensor, v: Tensor, first_values: Optional[Tensor]):
+        """Self-attention: V' = λ·V + (1 − λ)·V_1 per token and head (the first layer on the path,
+        *first_values* None, keeps V and hands it on as V_1). Returns (V', V_1)."""
+        if first_values is None:
+            return v, _carried_dtype(v)
+        mix = self._mix(query, first_values.dtype)
+        return torch.lerp(first_values, v.to(first_values.dtype), mix).to(v.dtype), first_values
+
+    def _mix_cross_values(self, query: Tensor, v: Tensor, first_values: Optional[Tensor]):
+        """Cross-attention: the values to attend over and V_1 to hand on; with a λ per query
+        token (``learned``), [V_n | V_1] side by side and λ to mix the two weighted sums."""
+        if first_values is None:
+            return v, _carried_dtype(v), None
+        if self.value_gate is None:  # one λ for every token: mix the values themselves
+            return self._mix_values(query, v, first_values) + (None,)
+        return torch.cat([v, first_values.to(v.dtype)], dim=-1), first_values, self._mix(query, v.dtype)
+
+    def _mix(self, query: Tensor, dtype: torch.dtype):
+        """λ: ½, or sigmoid(x·w + b) per token and head as ``(bsz * heads, tokens, 1)`` in *dtype*."""
+        if self.value_gate is None:
+            return 0.5
+        return self.value_gate(query).permute(1, 2, 0).reshape(-1, query.size(0), 1).to(dtype)
+
+    def _attend(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
+        """The RealFormer score chain, top to bottom. q, k, v: ``(batch * heads, length, head_dim)``.
+        Returns (the weighted sum of the values, this layer's probabilities, ``S_n`` to hand on)."""
+        scores = self._bmm(q * self.scaling, k.transpose(1, 2), kv_bsz, plus=prev_scores)  # S_n = QKᵀ/√d + S_{n-1}
+        if scores.dtype == torch.float16:
+            scores = scores.float()  # a deep running sum can overflow float16's 65504
+        logits = scores / depth if self.running_mean and depth > 1 else scores  # running mean: S_n / n
+        logits = self._mask(logits, logits is not scores, attn_mask, key_padding_mask, kv_bsz)
+        probs = _softmax(logits, v.dtype)
+        return self._bmm(self.dropout_module(probs), v, kv_bsz), probs, scores
+
+    def _bmm(self, a: Tensor, b: Tensor, kv_bsz: int, plus: Optional[Tensor] = None) -> Tensor:
+        """``plus + a @ b`` per (batch, head); *b* once per sentence in beamable cross-attention."""
+        if a.size(0) != b.size(0):  # beamable cross-attention: b is kept once per sentence
+            product = _per_sentence_bmm(a, b, kv_bsz, self.num_heads)
+        elif plus is not None and plus.dtype == a.dtype:
+            return torch.baddbmm(plus, a, b)  # adds the carried scores inside the GEMM
+        else:
+            product = torch.bmm(a, b)
+        return product if plus is None else plus + product  # a float32 carry promotes a float16 product
+
+    def _mask(self, logits: Tensor, fresh: bool, attn_mask, key_padding_mask, kv_bsz: int) -> Tensor:
+        """This layer's masks on its own softmax input, never on the scores handed on: out of
+        place while *logits* may be those scores, in place once a *fresh* tensor exists."""
+        if attn_mask is not None:
+            logits = logits.add_(attn_mask) if fresh else logits + attn_mask
+            fresh = True
+        if key_padding_mask is not None:
+            rows, src_len = logits.shape[1:]
+            padding = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, 1, src_len)
+            logits5d = logits.view(kv_bsz, -1, self.num_heads, rows, src_len)
+            fill = logits5d.masked_fill_ if fresh else logits5d.masked_fill
+            logits = fill(padding, float("-inf")).view(-1, rows, src_len)
+        return logits
+
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor], key_padding_mask):
+        """Queries, keys and values of this call as ``(batch * heads, length, head_dim)`` (keys
+        and values None when the cache holds them), and the key padding mask, both kept once
+        per sentence in beamable cross-attention."""
         q = self.q_proj(query)
         if self.self_attention:
             k, v = self.k_proj(query), self.v_proj(query)
         elif key is None:
             k = v = None
         else:
-            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == bsz:
+            if self.encoder_decoder_attention and self.beam_size > 1 and key.size(1) == query.size(1):
                 # beamable cross-attention: keep one copy of the encoder states per sentence
                 key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
                 if key_padding_mask is not None:
-                    key_padding_mask = key_padding_mask.view(
-                        -1, self.beam_size, key_padding_mask.size(1)
-                    )[:, 0, :]
+                    key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0, :]
             k = self.k_proj(key)
             # fairseq's cross-attention projects values from the key input too
             v = self.v_proj(key if self.encoder_decoder_attention else value)
-        q = (q * self.scaling).view(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
-        kv_bsz = bsz
-        if k is not None:
-            kv_bsz = k.size(1)
-            k = k.view(-1, kv_bsz * num_heads, head_dim).transpose(0, 1)
-            v = v.view(-1, kv_bsz * num_heads, head_dim).transpose(0, 1)
+        q, k, v = (None if t is None else self._split_heads(t) for t in (q, k, v))
+        return q, k, v, key_padding_mask
 
-        if saved_state is not None:
-            k, v, key_padding_mask, kv_bsz = self._extend_cache(
-                incremental_state, saved_state, k, v, key_padding_mask, static_kv
-            )
-        src_len = k.size(1)
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None
-
-        # S_n = Q Kᵀ/√d + S_{n-1}; baddbmm adds the carried scores inside the GEMM.
-        beamable = self.encoder_decoder_attention and bsz != kv_bsz
-        if beamable:
-            scores = _per_sentence_bmm(q, k.transpose(1, 2), kv_bsz, num_heads)
-            if prev_scores is not None:
-                scores = prev_scores + scores
-        elif prev_scores is None:
-            scores = torch.bmm(q, k.transpose(1, 2))
-        elif prev_scores.dtype == q.dtype:
-            scores = torch.baddbmm(prev_scores, q, k.transpose(1, 2))
-        else:  # float32 carry, float16 GEMM: the sum is promoted to float32
-            scores = prev_scores + torch.bmm(q, k.transpose(1, 2))
-        if scores.dtype == torch.float16:
-            scores = scores.float()
-
-        # This layer's softmax input: the running-mean temperature and the masks, out of place
-        # (`scores` is handed on and must stay unmasked); once a fresh tensor exists, in place.
-        logits, fresh = scores, False
-        if self.running_mean and depth > 1:
-            logits, fresh = scores / depth, True
-        if attn_mask is not None:
-            logits = logits.add_(attn_mask) if fresh else logits + attn_mask
-            fresh = True
-        if key_padding_mask is not None:
-            padding = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, 1, src_len)
-            logits5d = logits.view(kv_bsz, -1, num_heads, tgt_len, src_len)
-            logits5d = (
-                logits5d.masked_fill_(padding, float("-inf"))
-                if fresh
-                else logits5d.masked_fill(padding, float("-inf"))
-            )
-            logits = logits5d.view(bsz * num_heads, tgt_len, src_len)
-        probs = _softmax(logits, v.dtype)
-        attn_probs = self.dropout_module(probs)
-
-        if beamable:
-            attn = _per_sentence_bmm(attn_probs, v, kv_bsz, num_heads)
-        else:
-            attn = torch.bmm(attn_probs, v)
-        attn = attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim)
-        attn = self.out_proj(attn)
-
-        weights: Optional[Tensor] = None
-        if need_weights or need_head_weights:
-            weights = probs.float().view(bsz, num_heads, tgt_len, src_len).transpose(1, 0)
-            if not need_head_weights:
-                weights = weights.mean(dim=0)  # fairseq's default: averaged over heads
-        return attn, weights, scores
+    def _split_heads(self, t: Tensor) -> Tensor:
+        """(length, batch, embed_dim) → (batch * heads, length, head_dim)."""
+        return t.view(t.size(0), -1, self.head_dim).transpose(0, 1)
 
     def _extend_cache(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
         """Prepend cached keys/values (decoder self-attention) or reuse them (cross-attention),
@@ -232,3 +287,28 @@ class ResidualMultiheadAttention(MultiheadAttention):
         saved_state["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved_state)
         return k, v, key_padding_mask, kv_bsz
+
+
+class ValueGate(nn.Module):
+    """λ = sigmoid(x·w + b), one per head, for every token of x (``learned`` value residual)."""
+
+    def __init__(self, embed_dim: int, num_heads: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_heads, embed_dim))
+        self.bias = nn.Parameter(torch.zeros(num_heads))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(tokens, bsz, embed_dim) → (tokens, bsz, heads)."""
+        return torch.sigmoid(F.linear(x, self.weight, self.bias))
+
+
+def _carried_dtype(t: Tensor) -> Tensor:
+    """What is carried from layer to layer: float32 when the attention computes in float16."""
+    return t.float() if t.dtype == torch.float16 else t
+
+
+def _weights(probs: Tensor, bsz: int, num_heads: int, per_head: bool) -> Tensor:
+    """Attention probabilities in float32, ``(heads, bsz, tgt, src)`` per head, else averaged
+    over heads as fairseq returns them."""
+    weights = probs.float().view(bsz, num_heads, *probs.shape[1:]).transpose(1, 0)
+    return weights if per_head else weights.mean(dim=0)
