@@ -11,10 +11,9 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq_realformer import options
 from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules import ResidualMultiheadAttention
-from fairseq_realformer.modules.admin import write_clinic_profile
 from fairseq_realformer.variants import VARIANTS
 
-from .helpers import USER_DIR, FakeTask, build_model, make_dictionary, parse_args, realformer
+from .helpers import USER_DIR, FakeTask, build_model, make_dictionary, parse_args, realformer, write_clinic_profile
 
 DICT = make_dictionary()
 
@@ -36,7 +35,7 @@ def test_every_flag_is_on_the_command_line_and_the_architecture_sets_the_papers_
         (["--residual-attention-paths", "encoder,foo"], "--residual-attention-paths: unknown path 'foo'; give a comma "
                                                         "list of encoder, decoder, cross, or all, or none"),
         (["--residual-attention-mode", "avg"], "--residual-attention-mode avg: choose from sum, mean"),
-        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup"),
+        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup, resi-dual"),
         (["--admin-init", "clinic"], "--admin-init clinic: choose from closed-form, profile"),
         (["--backbone", "rezero", "--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm, but --backbone rezero has none"),
         (["--admin-init-path", "/no/such/profile.ratio.init"], "--admin-init-path /no/such/profile.ratio.init: No such file or directory"),
