@@ -71,7 +71,7 @@ def test_checkpoints_hold_only_allowed_globals(trained):
                                      "self-attention also attends over encoder states, which mixes the separate score paths"),
         (["--residual-attention-paths", "encoder,foo"], "--residual-attention-paths: unknown path 'foo'; give a comma "
                                                         "list of encoder, decoder, cross, or all, or none"),
-        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup"),
+        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup, resi-dual"),
         (["--admin-init-path", "missing.init"], "--admin-init-path missing.init: No such file or directory"),
     ],
 )  # fmt: skip
