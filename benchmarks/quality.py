@@ -26,7 +26,8 @@ Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers
 
 The study can be stopped at any time (Ctrl-C, or kill its process group) and run again with the
 same command: finished runs are skipped and an interrupted run resumes from its last epoch
-checkpoint. Seed 1 of every variant runs first, then seed 2, ..., so partial results stay
+checkpoint. The runs a --json file of the same settings holds count as finished too, so a
+committed study goes on in a fresh checkout. Seed 1 of every variant runs first, then seed 2, ..., so partial results stay
 balanced. --jobs N trains N runs side by side with one thread each: on this project's 2-core
 machine two one-thread runs made ~5,250 target tokens/s together, one two-thread run ~4,500.
 
@@ -281,11 +282,43 @@ def run_folder(args, config, seed):
     return args.out / f"{config.variant}{config.suffix}" / f"seed{seed}"
 
 
-def run_all(args, data_dir):
+def recorded_runs(args):
+    """The finished runs the --json file already holds, with their committed translations: a
+    study goes on in a fresh checkout (no run folders) without training them again. Only a file
+    made with the same settings counts."""
+    path = Path(args.json) if args.json else None
+    if path is None or not path.exists():
+        return {}
+    study = json.loads(path.read_text())
+    defining = ("preset", "epochs", "layers", "lr", "warmup")  # what the runs were trained with
+    if any(study.get("settings", {}).get(key) != settings(args)[key] for key in defining):
+        return {}
+    recorded = {}
+    for run in study["runs"]:
+        for name, score in run["test_sets"].items():  # what comparisons() reads: the committed copies
+            score["hypotheses"] = str(REPO / score["translations"])
+            reference = Path(args.data) / f"{name}.{args.target_lang}.gz"
+            if args.quick:  # --tiny scores the first lines only, as many as it translated
+                lines = quality_report.read_lines(reference)[: len(quality_report.read_lines(score["hypotheses"]))]
+                reference = args.out / f"{name}.{args.target_lang}"
+                args.out.mkdir(parents=True, exist_ok=True)
+                reference.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+            score["reference"] = str(reference)
+        recorded[run["label"], run["seed"]] = run
+    return recorded
+
+
+def settings(args):
+    return {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
+            "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs}  # fmt: skip
+
+
+def run_all(args, data_dir, recorded):
     runner = Runner(args, data_dir)
     signal.signal(signal.SIGINT, runner.stop)
     signal.signal(signal.SIGTERM, runner.stop)
-    order = [(config, seed) for seed in args.seeds for config in args.configs]  # seed 1 of every variant first
+    order = [(config, seed) for seed in args.seeds for config in args.configs  # seed 1 of every variant first
+             if (config.label, seed) not in recorded]  # fmt: skip
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         errors = [e for e in pool.map(lambda pair: runner.run(*pair), order) if e]
     if runner.stopping:
@@ -294,7 +327,7 @@ def run_all(args, data_dir):
         raise SystemExit(f"quality.py: error: {errors[0]}")
 
 
-def collect(args):
+def collect(args, recorded):
     """Every finished run: its training summary and its scores on each test set."""
     runs = []
     for seed in args.seeds:
@@ -302,6 +335,8 @@ def collect(args):
             run_dir = run_folder(args, config, seed)
             names = finished_test_sets(run_dir)
             if names is None:
+                if (config.label, seed) in recorded:
+                    runs.append(recorded[config.label, seed])
                 continue
             scores = {name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
                       for i, name in enumerate(names)}  # fairseq's names for the test splits
@@ -323,13 +358,14 @@ def describe(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    recorded = recorded_runs(args)
     if args.report_only:
-        if not (args.out / "data" / "bin").exists():
+        if not (args.out / "data" / "bin").exists() and not recorded:
             raise SystemExit(f"quality.py: error: --report-only: {args.out} holds no study (no {args.out / 'data' / 'bin'})")
     else:
         data_dir = prepare_data(args)
-        run_all(args, data_dir)
-    runs = collect(args)
+        run_all(args, data_dir, recorded)
+    runs = collect(args, recorded)
     if not runs:
         raise SystemExit(f"quality.py: error: no finished run in {args.out} yet")
     labels = [config.label for config in args.configs]
@@ -341,7 +377,7 @@ def main(argv=None):
             print(f"[quality] figure: {path}")
     if args.json:
         json_path = Path(args.json)
-        quality_report.write_translations(runs, json_path.parent / json_path.stem, REPO)
+        quality_report.write_translations(runs, json_path.parent / json_path.stem, REPO, args.target_lang)
         for run in runs:
             for score in run["test_sets"].values():
                 del score["hypotheses"]  # local paths; `translations` is the committed copy
@@ -349,8 +385,7 @@ def main(argv=None):
             "what": describe(args),
             "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "machine": args.machine, "date": datetime.date.today().isoformat(),
-            "settings": {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
-                         "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs},
+            "settings": settings(args),
             "runs": runs, "comparisons": found, "summary": quality_report.summary(runs, labels),
         }  # fmt: skip
         json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")

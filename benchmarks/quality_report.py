@@ -179,15 +179,15 @@ def table(runs, labels, comparisons_found, title):
     return "\n".join(lines)
 
 
-def write_translations(runs, folder, repo):
+def write_translations(runs, folder, repo, target_lang):
     """Each run's hypotheses, gzipped (reproducibly: no name or time in the header), into folder;
     the runs' `translations` become those paths, relative to the repository when inside it."""
     folder.mkdir(parents=True, exist_ok=True)
     for run in runs:
         for name, score in run["test_sets"].items():
             run_name = run["folder"].replace("/", ".")  # e.g. post-ln.seed1, post-ln-lr0.002.seed1
-            target = folder / f"{run_name}.{name}.{Path(score['hypotheses']).suffix[1:]}.gz"
-            data = Path(score["hypotheses"]).read_bytes()
+            target = folder / f"{run_name}.{name}.{target_lang}.gz"
+            data = "".join(f"{line}\n" for line in read_lines(score["hypotheses"])).encode("utf-8")  # also a committed .gz
             with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
                 f.write(data)
             resolved = target.resolve()

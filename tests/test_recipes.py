@@ -5,6 +5,7 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -463,6 +464,10 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
 
     again = run(*argv[:-2]).stdout  # everything finished: nothing is trained again
     assert "start " not in again and "| admin | 1,2 |" in again
+    shutil.rmtree(out)  # a fresh checkout: the committed JSON and translations only
+    fresh = run(*argv[:-2]).stdout
+    assert "start " not in fresh and [line for line in fresh.splitlines() if line.startswith("| ")] == \
+        [line for line in stdout.splitlines() if line.startswith("| ")]  # fmt: skip
     assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
 
 
