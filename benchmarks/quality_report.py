@@ -50,10 +50,11 @@ def run_summary(run_dir):
     epochs = sorted(train)
     updates = int(train[epochs[-1]]["num_updates"]) if epochs else 0
     tokens, seconds, previous = 0.0, 0.0, 0
-    for epoch in epochs:  # target tokens per second of training (fairseq's wpb x updates / train_wall)
-        fields = train[epoch]
-        tokens += fields["wpb"] * (fields["num_updates"] - previous)
-        seconds += fields["train_wall"]
+    for epoch in epochs:  # target tokens per second of training, from fairseq's per-epoch wps
+        fields = train[epoch]  # (not train_wall: whole seconds, 0 for the tests' sub-second epochs)
+        epoch_tokens = fields["wpb"] * (fields["num_updates"] - previous)
+        tokens += epoch_tokens
+        seconds += epoch_tokens / fields["wps"] if fields["wps"] else 0.0
         previous = fields["num_updates"]
     curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
     attempts = [json.loads(line) for line in read_lines(run_dir / "attempts.jsonl")] if (run_dir / "attempts.jsonl").exists() else []

@@ -497,6 +497,29 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--lr 1e-3,fast: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
 
 
+def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_second_epochs(tmp_path):
+    """tokens/s is target tokens over the time fairseq's per-epoch wps implies: epochs shorter than a
+    second (train_wall 0, as the tests' tiny runs on a fast machine) still give a rate."""
+    spec = importlib.util.spec_from_file_location("quality_report", Path(REPO) / "benchmarks" / "quality_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    line = ("2026-11-24 05:05:39 | INFO | {split} | epoch {epoch:03d} | loss {loss} | wps {wps} | wpb {wpb} | "
+            "num_updates {updates} | train_wall 0 | wall 1")
+    (run_dir / "train.log").write_text("\n".join([
+        line.format(split="train", epoch=1, loss=9.0, wps=1000.0, wpb=100.0, updates=10),  # 1,000 tokens in 1 s
+        line.format(split="valid", epoch=1, loss=8.5, wps=5000.0, wpb=50.0, updates=10),
+        line.format(split="train", epoch=2, loss=8.0, wps=500.0, wpb=100.0, updates=20),  # 1,000 tokens in 2 s
+        line.format(split="valid", epoch=2, loss=7.5, wps=5000.0, wpb=50.0, updates=20),
+    ]) + "\n")
+    (run_dir / "attempts.jsonl").write_text('{"wall_s": 2.5}\n{"wall_s": 1.0}\n')
+    summary = report.run_summary(run_dir)
+    assert summary["tokens_per_s"] == pytest.approx(2000 / 3, abs=0.05)
+    assert (summary["updates"], summary["epochs"], summary["attempts"], summary["wall_s"]) == (20, 2, 2, 3.5)
+    assert summary["valid_curve"] == [(10, 8.5), (20, 7.5)] and summary["best_valid_loss"] == 7.5
+
+
 COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de.json"))
 
 
