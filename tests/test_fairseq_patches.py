@@ -19,6 +19,8 @@ from omegaconf import OmegaConf
 
 from fairseq_realformer import fairseq_patches
 
+from .cli import SCRIPTS, run
+
 
 @pytest.mark.parametrize("n", [1, 7, 20, 21, 1003])
 @pytest.mark.parametrize("max_tokens, max_sentences", [(None, 1), (None, 8), (None, 20), (120, None), (300, 16)])
@@ -142,3 +144,59 @@ def test_a_resumed_runs_wall_clock_runs_again(restart):
         assert wall >= 0.05 if restart else wall == 0
     finally:
         metrics.reset()
+
+
+PROBE = '''
+import os
+import unittest
+
+from fairseq import checkpoint_utils
+
+
+def test_load_checkpoint_is_fairseqs_own():
+    assert not hasattr(checkpoint_utils.load_checkpoint, "__patched_by_realformer__")
+
+
+def test_unpickling_allowed():
+    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") == "1"
+
+
+class TestProbe(unittest.TestCase):
+    def test_the_same_everywhere(self):
+        self.assertEqual(1, 1)
+
+    @unittest.skip("skipped everywhere")
+    def test_skipped(self):
+        pass
+'''
+
+
+def test_fairseqs_tests_run_without_and_with_the_plugin_and_compare_test_by_test(tmp_path):
+    """scripts/fairseq_tests_with_plugin.py on a stand-in fairseq checkout whose tests see which
+    column they run in: each column's counts per file, and exactly the tests whose result differs."""
+    checkout = tmp_path / "fairseq"
+    (checkout / "tests").mkdir(parents=True)
+    (checkout / "tests" / "__init__.py").write_text("")
+    (checkout / "tests" / "test_probe.py").write_text(PROBE)
+    out = run(SCRIPTS / "fairseq_tests_with_plugin.py", checkout, "tests/test_probe.py", "--out", tmp_path / "out").stdout
+    assert "| test_probe.py | 2/1/1 | 3/0/1 | 1/2/1 |" in out  # fairseq | weights_only off | plugin
+    differ = out.split("tests whose result differs:")[1].strip().splitlines()
+    assert differ == [
+        "- test_probe.py test_load_checkpoint_is_fairseqs_own: fairseq passed, fairseq, weights_only off passed, plugin failed",
+        "- test_probe.py test_unpickling_allowed: fairseq failed, fairseq, weights_only off passed, plugin failed",
+    ]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        f"{slug}.{ext}" for slug in ("fairseq", "fairseq-weights_only-off", "plugin") for ext in ("log", "xml"))
+
+
+def test_fairseqs_tests_need_a_fairseq_checkout(tmp_path):
+    """Anything but a fairseq checkout with the files asked for: one line, and no output folder."""
+    out = tmp_path / "out"
+    result = run(SCRIPTS / "fairseq_tests_with_plugin.py", tmp_path, "--out", out, check=False)
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"fairseq_tests_with_plugin.py: error: {tmp_path}: no tests/ folder; give a fairseq source checkout"]
+    (tmp_path / "tests").mkdir()
+    result = run(SCRIPTS / "fairseq_tests_with_plugin.py", tmp_path, "tests/test_train.py", "--out", out, check=False)
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.strip().splitlines() == [f"fairseq_tests_with_plugin.py: error: {tmp_path}: no tests/test_train.py"]
