@@ -5,8 +5,10 @@ trainings; this module only reads what they left in their run folders:
 - RUN/train.log: fairseq-train's log (every attempt appended): per epoch the training line
   (num_updates, wpb, train_wall) and the validation line (loss);
 - RUN/score/TEST_SET/scores.json and the detokenised hypotheses beside it (scripts/score.py);
-- RUN/attempts.jsonl: one line per attempt of the recipe, with its wall time.
+- RUN/attempts.jsonl: one line per attempt of the recipe that ended, with its wall time (an
+  attempt killed with its machine or session writes none: its time is read from train.log).
 """
+import datetime
 import gzip
 import json
 import logging
@@ -23,6 +25,8 @@ for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampli
 
 _FIELD = re.compile(r"\| (\w+) ([-\d.e+]+)")
 _EPOCH_LINE = re.compile(r"\| (train|valid) \| epoch (\d+) \|")
+_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")
+_TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation
 
 
 def read_lines(path):
@@ -44,6 +48,25 @@ def training_log(path):
     return train, valid
 
 
+def unrecorded_attempts(train_log, attempts):
+    """Seconds of each fairseq-train invocation in *train_log* that no attempt of *attempts*
+    covers: an attempt killed with its session (SIGKILL) leaves its log lines but no attempt
+    record. Each is counted from its first to its last logged line, a lower bound (the recipe's
+    few seconds before fairseq-train starts, and what it did after its last line, are missed)."""
+    invocations = []  # [first, last] timestamp of each fairseq-train in the log
+    for line in read_lines(train_log) if Path(train_log).exists() else []:
+        match = _TIMESTAMP.match(line)
+        if not match or not (invocations or _TRAIN_START in line):
+            continue
+        stamp = datetime.datetime.fromisoformat(match.group(1))
+        if _TRAIN_START in line:
+            invocations.append([stamp, stamp])
+        invocations[-1][1] = stamp
+    spans = [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a]
+    return [round((last - first).total_seconds(), 1) for first, last in invocations
+            if not any(start <= first <= start + datetime.timedelta(seconds=wall) for start, wall in spans)]
+
+
 def run_summary(run_dir):
     """Updates, tokens/s, the validation curve and wall time of one run."""
     train, valid = training_log(run_dir / "train.log")
@@ -58,14 +81,15 @@ def run_summary(run_dir):
         previous = fields["num_updates"]
     curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
     attempts = [json.loads(line) for line in read_lines(run_dir / "attempts.jsonl")] if (run_dir / "attempts.jsonl").exists() else []
+    killed = unrecorded_attempts(run_dir / "train.log", attempts)
     return {
         "updates": updates,
         "epochs": len(epochs),
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "best_valid_loss": min(loss for _, loss in curve) if curve else None,
         "valid_curve": curve,
-        "wall_s": round(sum(a["wall_s"] for a in attempts), 1),
-        "attempts": len(attempts),
+        "wall_s": round(sum(a["wall_s"] for a in attempts) + sum(killed), 1),
+        "attempts": len(attempts) + len(killed),
     }
 
 

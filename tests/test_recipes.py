@@ -500,9 +500,7 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
 def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_second_epochs(tmp_path):
     """tokens/s is target tokens over the time fairseq's per-epoch wps implies: epochs shorter than a
     second (train_wall 0, as the tests' tiny runs on a fast machine) still give a rate."""
-    spec = importlib.util.spec_from_file_location("quality_report", Path(REPO) / "benchmarks" / "quality_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _quality_report()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     line = ("2026-11-24 05:05:39 | INFO | {split} | epoch {epoch:03d} | loss {loss} | wps {wps} | wpb {wpb} | "
@@ -518,6 +516,37 @@ def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_s
     assert summary["tokens_per_s"] == pytest.approx(2000 / 3, abs=0.05)
     assert (summary["updates"], summary["epochs"], summary["attempts"], summary["wall_s"]) == (20, 2, 2, 3.5)
     assert summary["valid_curve"] == [(10, 8.5), (20, 7.5)] and summary["best_valid_loss"] == 7.5
+
+
+def test_a_run_summary_counts_the_time_of_attempts_killed_with_their_session(tmp_path):
+    """A session's end kills the study with SIGKILL: its attempt writes no attempts.jsonl line, but
+    its fairseq-train logged; that invocation's first-to-last-line time counts in the run's wall
+    time, the recorded attempt's own invocation only once."""
+    report = _quality_report()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    start = "{} | INFO | fairseq_cli.train | {{'_name': None, 'common': {{}}}}"
+    epoch = "{} | INFO | train | epoch {:03d} | loss 9.0 | wps 1000.0 | wpb 100.0 | num_updates {} | train_wall 9"
+    (run_dir / "train.log").write_text("\n".join([
+        "/site-packages/fairseq/...: UserWarning: a line without a time",
+        start.format("2026-11-24 09:07:34"), epoch.format("2026-11-24 09:10:00", 1, 10),
+        epoch.format("2026-11-24 09:14:10", 2, 20),  # then killed: 396 s logged
+        start.format("2026-11-24 09:26:25"), epoch.format("2026-11-24 09:40:00", 3, 30),  # resumed, finished
+    ]) + "\n")
+    (run_dir / "attempts.jsonl").write_text('{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n')
+    summary = report.run_summary(run_dir)
+    assert (summary["attempts"], summary["wall_s"], summary["updates"]) == (2, 1296.0, 30)
+    (run_dir / "attempts.jsonl").write_text(
+        '{"started": "2026-11-24T09:07:30", "wall_s": 410.0, "returncode": -15}\n'  # stopped with Ctrl-C: recorded
+        '{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n')
+    assert (report.run_summary(run_dir)["attempts"], report.run_summary(run_dir)["wall_s"]) == (2, 1310.0)
+
+
+def _quality_report():
+    spec = importlib.util.spec_from_file_location("quality_report", Path(REPO) / "benchmarks" / "quality_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    return report
 
 
 COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de.json"))
