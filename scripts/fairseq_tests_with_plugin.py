@@ -51,15 +51,17 @@ def run_column(name, checkout, files, out):
     """Run pytest on *files* in *checkout* as column *name*; return {(file, test): outcome}."""
     code, env = COLUMNS[name]
     slug = name.replace(", ", "-").replace(" ", "-")
-    xml = out / f"{slug}.xml"
+    xml, log_path = out / f"{slug}.xml", out / f"{slug}.log"
     entry = ["-c", code] if code else ["-m", "pytest"]
     command = [sys.executable, *entry, "-p", "no:cacheprovider", "-q", "-rfE", f"--junitxml={xml}", *files]
-    print(f"[fairseq-tests] {name}: pytest {' '.join(files)} (output in {out / (slug + '.log')})", flush=True)
-    with open(out / f"{slug}.log", "w") as log:
+    print(f"[fairseq-tests] {name}: pytest {' '.join(files)} (output in {log_path})", flush=True)
+    # the caller's own torch.load overrides would blur the columns: each column sets its own
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
+    with open(log_path, "w") as log:
         subprocess.run(command, cwd=checkout, stdout=log, stderr=subprocess.STDOUT,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", **env})  # fmt: skip
+                       env={**base, "OMP_NUM_THREADS": "1", **env})  # fmt: skip
     if not xml.exists():
-        raise UserError(f"pytest wrote no results for column {name!r}: see {out / (slug + '.log')}")
+        raise UserError(f"pytest wrote no results for column {name!r}: see {log_path}")
     return outcomes(xml)
 
 
