@@ -1,5 +1,6 @@
 """Translation quality on real data: Multi30k, every variant with several seeds, one table of test
-scores (mean ± sample std over seeds), paired bootstrap significance, learning curves.
+scores (mean ± sample std over seeds), paired bootstrap significance seed by seed, a permutation
+test across seeds, learning curves.
 
 Post-LN, Pre-LN, ADMIN (profiled ω) and RealFormer on ADMIN (sum, and mean: "realformer") are
 trained with the same data, settings and budget by the Multi30k recipe (examples/multi30k/run.sh:
@@ -370,7 +371,8 @@ def main(argv=None):
         raise SystemExit(f"quality.py: error: no finished run in {args.out} yet")
     labels = [config.label for config in args.configs]
     found = [] if args.sweep else quality_report.comparisons(runs)
-    print(quality_report.table(runs, labels, found, describe(args)), flush=True)
+    across_seeds = [] if args.sweep else quality_report.seed_comparisons(runs)
+    print(quality_report.table(runs, labels, found, describe(args), across_seeds), flush=True)
     if args.figures:
         stem = Path(args.json).stem if args.json else f"quality-{args.pair}-{args.preset_name}"
         for path in quality_report.figures(runs, labels, Path(args.figures), stem, describe(args)):
@@ -386,7 +388,8 @@ def main(argv=None):
             "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "machine": args.machine, "date": datetime.date.today().isoformat(),
             "settings": settings(args),
-            "runs": runs, "comparisons": found, "summary": quality_report.summary(runs, labels),
+            "runs": runs, "comparisons": found, "seed_comparisons": across_seeds,
+            "summary": quality_report.summary(runs, labels),
         }  # fmt: skip
         json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
         print(f"[quality] wrote {json_path}")

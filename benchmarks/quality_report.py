@@ -1,5 +1,6 @@
 """What a finished quality run measured, and the study's report: the table (mean ± sample std over
-seeds), paired bootstrap comparisons, the JSON and the figures. benchmarks/quality.py runs the
+seeds), paired bootstrap comparisons seed by seed, a permutation test across seeds, the JSON and
+the figures. benchmarks/quality.py runs the
 trainings; this module only reads what they left in their run folders:
 
 - RUN/train.log: fairseq-train's log (every attempt appended): per epoch the training line
@@ -10,6 +11,7 @@ trainings; this module only reads what they left in their run folders:
 """
 import datetime
 import gzip
+import itertools
 import json
 import logging
 import re
@@ -143,6 +145,39 @@ def comparisons(runs):
     return found
 
 
+def permutation_test(scores_a, scores_b):
+    """The difference of means a - b over seeds and its exact two-sided permutation p-value: the
+    share of all splits of the pooled scores into groups of the two sizes whose difference of means
+    is at least as large. It tests the spread between training runs, which a seed-level bootstrap
+    cannot; with three seeds each there are 20 splits, so p is never below 0.1."""
+    pooled = list(scores_a) + list(scores_b)
+    observed = statistics.mean(scores_a) - statistics.mean(scores_b)
+    splits = list(itertools.combinations(range(len(pooled)), len(scores_a)))
+    as_large = 0
+    for chosen in splits:
+        group_a = [pooled[i] for i in chosen]
+        group_b = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        as_large += abs(statistics.mean(group_a) - statistics.mean(group_b)) >= abs(observed) - 1e-9  # ties count
+    return observed, as_large / len(splits), len(splits)
+
+
+def seed_comparisons(runs):
+    """Each pair of COMPARISONS, on each test set, across seeds: sacreBLEU's difference of means
+    and the permutation test's p-value (for variants with two seeds or more each)."""
+    found = []
+    for a, b in COMPARISONS:
+        mine = {variant: [r for r in runs if r["variant"] == variant] for variant in (a, b)}
+        if len(mine[a]) < 2 or len(mine[b]) < 2:
+            continue
+        for name in mine[a][0]["test_sets"]:
+            delta, p_value, splits = permutation_test([r["test_sets"][name]["sacrebleu"] for r in mine[a]],
+                                                      [r["test_sets"][name]["sacrebleu"] for r in mine[b]])  # fmt: skip
+            found.append({"a": a, "b": b, "test_set": name, "seeds_a": [r["seed"] for r in mine[a]],
+                          "seeds_b": [r["seed"] for r in mine[b]], "delta_mean": round(delta, 2),
+                          "p_value": round(p_value, 4), "splits": splits})  # fmt: skip
+    return found
+
+
 def mean_std(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -174,8 +209,9 @@ def summary(runs, labels):
     return out
 
 
-def table(runs, labels, comparisons_found, title):
-    """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons."""
+def table(runs, labels, comparisons_found, title, across_seeds=()):
+    """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons
+    seed by seed and across seeds."""
     lines = [title, ""]
     names = list(runs[0]["test_sets"]) if runs else []
     for name in names:
@@ -201,6 +237,14 @@ def table(runs, labels, comparisons_found, title):
                   "| a | b | test set | seed | Δ BLEU | p-value |", "|---|---|---|---|---|---|"]  # fmt: skip
         for c in comparisons_found:
             lines.append(f"| {c['a']} | {c['b']} | {c['test_set']} | {c['seed']} | {c['delta']:+.2f} | {c['p_value']:.3f} |")
+    if across_seeds:
+        lines += ["", "Across seeds: difference of the sacreBLEU means, a minus b, and its exact permutation test "
+                      "(every split of the seeds' scores into the two groups):", "",
+                  "| a | b | test set | seeds | Δ mean BLEU | p-value | splits |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for c in across_seeds:
+            seeds = f"{','.join(map(str, c['seeds_a']))} / {','.join(map(str, c['seeds_b']))}"
+            lines.append(f"| {c['a']} | {c['b']} | {c['test_set']} | {seeds} | {c['delta_mean']:+.2f} "
+                         f"| {c['p_value']:.3f} | {c['splits']} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -457,6 +457,9 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     assert {(c["a"], c["b"], c["seed"], c["test_set"]) for c in result["comparisons"]} == {
         ("realformer", "admin", seed, name) for seed in (1, 2) for name in test_sets}
     assert all(0 < c["p_value"] <= 1 for c in result["comparisons"])
+    assert [(c["a"], c["b"], c["test_set"], c["splits"]) for c in result["seed_comparisons"]] == [
+        ("realformer", "admin", name, 6) for name in test_sets]
+    assert "Across seeds: difference of the sacreBLEU means" in stdout
     assert result["summary"]["admin"]["seeds"] == [1, 2]
     assert f"| realformer | 1,2 | {result['summary']['realformer'][test_sets[0]]['sacrebleu']['mean']:.2f} ± " in stdout
     assert "Multi30k de→en" in stdout and "| realformer | admin | " in stdout
@@ -542,6 +545,22 @@ def test_a_run_summary_counts_the_time_of_attempts_killed_with_their_session(tmp
     assert (report.run_summary(run_dir)["attempts"], report.run_summary(run_dir)["wall_s"]) == (2, 1310.0)
 
 
+def test_the_permutation_test_across_seeds_counts_every_split_of_the_seeds():
+    """Exact two-sided permutation test over seeds, against splits counted by hand: three seeds
+    each give 20 splits, of which only the observed one and its mirror are as extreme when the
+    groups do not overlap; equal groups give p = 1; two seeds each give 6 splits."""
+    report = _quality_report()
+    assert report.permutation_test([36.0, 36.5, 37.0], [35.0, 35.2, 35.4]) == pytest.approx((1.3, 2 / 20, 20))
+    assert report.permutation_test([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == (0.0, 1.0, 20)
+    # a = {3, 1}, b = {2, 0}: |Δ| = 1; splits {3,2}|{1,0} (2), {3,1}|{2,0} (1), {3,0}|{2,1} (0) and mirrors
+    assert report.permutation_test([3.0, 1.0], [2.0, 0.0]) == pytest.approx((1.0, 4 / 6, 6))
+    runs = [{"variant": v, "seed": seed, "test_sets": {"t": {"sacrebleu": bleu}}}
+            for v, scores in (("realformer", (36.0, 36.5, 37.0)), ("admin", (35.0, 35.2, 35.4)), ("post-ln", (36.0,)))
+            for seed, bleu in zip((1, 2, 3), scores)]  # fmt: skip
+    assert report.seed_comparisons(runs) == [{"a": "realformer", "b": "admin", "test_set": "t", "seeds_a": [1, 2, 3],
+                                              "seeds_b": [1, 2, 3], "delta_mean": 1.3, "p_value": 0.1, "splits": 20}]  # fmt: skip
+
+
 def _quality_report():
     spec = importlib.util.spec_from_file_location("quality_report", Path(REPO) / "benchmarks" / "quality_report.py")
     report = importlib.util.module_from_spec(spec)
@@ -570,6 +589,8 @@ def test_the_committed_quality_studies_rescore_from_their_translations(path):
             assert sacrebleu.corpus_chrf(hypotheses, [reference]).score == pytest.approx(reported["chrf"], abs=1e-9)
             lowercased = sacrebleu.corpus_bleu(hypotheses, [reference], lowercase=True).score
             assert lowercased == pytest.approx(reported["bleu_lc"], abs=1e-9)
+    if "seed_comparisons" in study:  # the across-seed tests follow from the runs' own scores
+        assert study["seed_comparisons"] == _quality_report().seed_comparisons(study["runs"])
 
 
 def test_multi30k_names_a_missing_language_or_test_set(tmp_path):
