@@ -1,7 +1,7 @@
 """What a finished quality run measured, and the study's report: the table (mean ± sample std over
 seeds), paired bootstrap comparisons seed by seed, a permutation test across seeds, the JSON and
-the figures. benchmarks/quality.py runs the
-trainings; this module only reads what they left in their run folders:
+the figures. benchmarks/quality.py runs the trainings; this module only reads what they left in
+their run folders:
 
 - RUN/train.log: fairseq-train's log (every attempt appended): per epoch the training line
   (num_updates, wpb, train_wall) and the validation line (loss);
