@@ -13,6 +13,8 @@ cs (default en→de); by default every test set of --data in both languages.
     python benchmarks/quality.py --seeds 1,2,3                   # --preset gpu: the recipe's size, one GPU
     python benchmarks/quality.py --quick --seeds 1,2             # minutes on a CPU: proves it runs
     python benchmarks/quality.py --preset cpu --report-only --json ...   # report the finished runs only
+    python benchmarks/quality.py --preset cpu --bf16 --variants post-ln,realformer --seeds 1,2 \
+        --json benchmarks/results/cpu-quality-multi30k-en-de-bf16.json    # in bf16 mixed precision
 
 Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers override them):
   gpu    the recipe's model: 6+6 layers, 512/1024, 4 heads, dropout 0.3, Adam 5e-4 with
@@ -33,7 +35,8 @@ balanced. --jobs N trains N runs side by side with one thread each: on this proj
 machine two one-thread runs made ~5,250 target tokens/s together, one two-thread run ~4,500.
 
 Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; with --lr,
---warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS).
+--warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS; with --bf16, which trains and
+translates in bfloat16 mixed precision, OUT/VARIANT-...-bf16/seedS).
 """
 import argparse
 import datetime
@@ -106,6 +109,8 @@ def parse_args(argv=None):
                    help="peak learning rate (default: the preset's); several: a sweep, each its own runs")
     p.add_argument("--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)")
     p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
+    p.add_argument("--bf16", action="store_true",
+                   help="train and translate in bfloat16 mixed precision (the recipe's --bf16; folders VARIANT-bf16)")
     p.add_argument("--source-lang", default="en", help="en, de, fr or cs (default: %(default)s)")
     p.add_argument("--target-lang", default="de", help="en, de, fr or cs (default: %(default)s)")
     p.add_argument("--test-sets", metavar="A,B,...",
@@ -139,7 +144,7 @@ def parse_args(argv=None):
     preset = PRESETS[args.preset_name]
     # runs with settings given on the command line get their own folders: OUT/post-ln-lr0.002/seed1
     args.run_suffix = "".join(f"-{name}{getattr(args, name):g}" for name in ("warmup", "epochs", "layers")
-                              if getattr(args, name) is not None)  # fmt: skip
+                              if getattr(args, name) is not None) + ("-bf16" if args.bf16 else "")  # fmt: skip
     lrs = args.lrs if lr_given is not None else [preset.lr]
     sweep = len(lrs) > 1
     args.configs = [RunConfig(f"{variant} lr={lr:g}" if sweep else variant, variant, lr,
@@ -158,6 +163,11 @@ def parse_args(argv=None):
 def recipe_language_flags(args):
     return ["--source-lang", args.source_lang, "--target-lang", args.target_lang,
             *(["--test-sets", args.test_sets] if args.test_sets else [])]  # fmt: skip
+
+
+def recipe_run_flags(args):
+    """The recipe's options of one training run (besides the languages)."""
+    return [*(["--tiny"] if args.quick else []), *(["--bf16"] if args.bf16 else []), *recipe_language_flags(args)]
 
 
 def prepare_data(args):
@@ -226,9 +236,8 @@ class Runner:
 
     def command(self, config, seed, run_dir):
         # variant flags after the shared ones: admin-radam's --warmup-updates 0 must win
-        return ["bash", str(RECIPE), *(["--tiny"] if self.args.quick else []), *recipe_language_flags(self.args),
-                self.args.data, str(run_dir), "--", *training_flags(self.args, self.data_dir, config.lr),
-                *VARIANTS[config.variant], "--seed", str(seed)]  # fmt: skip
+        return ["bash", str(RECIPE), *recipe_run_flags(self.args), self.args.data, str(run_dir), "--",
+                *training_flags(self.args, self.data_dir, config.lr), *VARIANTS[config.variant], "--seed", str(seed)]  # fmt: skip
 
     def run(self, config, seed):
         run_dir = run_folder(self.args, config, seed)
@@ -291,8 +300,8 @@ def recorded_runs(args):
     if path is None or not path.exists():
         return {}
     study = json.loads(path.read_text())
-    defining = ("preset", "epochs", "layers", "lr", "warmup")  # what the runs were trained with
-    if any(study.get("settings", {}).get(key) != settings(args)[key] for key in defining):
+    defining = ("preset", "epochs", "layers", "lr", "warmup", "bf16")  # what the runs were trained with
+    if any(study.get("settings", {}).get(key) != settings(args).get(key) for key in defining):
         return {}
     recorded = {}
     for run in study["runs"]:
@@ -310,8 +319,10 @@ def recorded_runs(args):
 
 
 def settings(args):
+    # a float32 study's settings have no "bf16" (the studies committed before it existed)
     return {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
-            "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs}  # fmt: skip
+            "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs,
+            **({"bf16": True} if args.bf16 else {})}  # fmt: skip
 
 
 def run_all(args, data_dir, recorded):
@@ -353,6 +364,7 @@ def describe(args):
         f"{args.preset.describe} but {args.layers}+{args.layers} layers"
     lr = f", peak lr {args.lr:g}" if args.lr else ""
     lr += f", warm-up {args.warmup}" if args.warmup is not None else ""
+    lr += "; bf16 mixed precision" if args.bf16 else ""
     return (f"Multi30k {args.source_lang}→{args.target_lang}, {size}, {args.epochs} epochs{lr}; "
             f"average of the last epoch checkpoints, beam 5; {args.machine}")
 

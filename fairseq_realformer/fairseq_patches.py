@@ -24,11 +24,16 @@ fairseq-train's start  checkpoint_utils.load_checkpoint  a --restore-file or
                                                          the optimizer exists (our models);
                                                          wall=0 after a resume (a fairseq
                                                          defect)
-half precision         Trainer.__init__                  --fp16/--bf16/--amp without a GPU:
-                                                         one line, not a deep traceback
-ignored --bf16         fairseq_cli.generate.main,        said, not silently translated in
-                       fairseq_cli.interactive.main      float32
-one-line errors        sys.excepthook                    RealformerConfigError as one line
+half precision         Trainer.__init__                  --fp16/--amp without a GPU: one
+                                                         line, not a deep traceback; --bf16:
+                                                         bfloat16 mixed precision (precision.py)
+bf16 without a TPU     distributed_utils.call_main       --bf16 without torch_xla does not turn
+                                                         on fairseq's TPU run
+bf16 translation       fairseq_cli.generate.main,        --bf16 translates in bfloat16 mixed
+                       fairseq_cli.interactive.main,     precision, not silently in float32
+                       GeneratorHubInterface.generate
+one-line errors        sys.excepthook                    RealformerConfigError, and fairseq's
+                                                         --fp16 with --bf16, as one line
 no empty save dir      checkpoint_utils                  fairseq-train refused by the plugin
                        .verify_checkpoint_directory      after it made its save dir: taken
                                                          back when still empty
@@ -39,10 +44,11 @@ says what it does to a stock ``transformer`` run. Three differences are delibera
 every model alike: the batching fix (a tail fairseq drops is kept), a ``--restore-file`` that does
 not exist (refused, where fairseq trains from scratch), and ``--amp`` or
 ``--memory-efficient-fp16`` without a GPU (refused, where fairseq trains in float32 or emulated
-float16). Everything else only turns a failure into a one-line message.
+float16). ``--bf16`` without torch_xla, which fairseq cannot run, is bfloat16 mixed precision
+(``precision``). Everything else only turns a failure into a one-line message.
 """
+import argparse
 import functools
-import importlib.util
 import inspect
 import os
 import sys
@@ -52,11 +58,13 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 from fairseq import checkpoint_utils, hub_utils
+from fairseq import utils as fairseq_utils
 from fairseq.data import data_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
 from fairseq.file_io import PathManager
+from fairseq.modules.fairseq_dropout import FairseqDropout
 
-from . import checkpoints, folders
+from . import checkpoints, folders, precision
 from .errors import RealformerConfigError
 from .models.realformer import RealformerModel
 from .modules import admin
@@ -70,7 +78,8 @@ def install() -> None:
     import fairseq_cli.generate
     import fairseq_cli.interactive
     import fairseq_cli.train
-    from fairseq.models import BaseFairseqModel
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq.models import BaseFairseqModel, FairseqDecoder
     from fairseq.models.ema import EMA
 
     _patch(data_utils, "batch_by_size", _keep_last_batch, call_sites=[FairseqDataset.batch_by_size])
@@ -83,9 +92,15 @@ def install() -> None:
            call_sites=[checkpoint_utils.load_model_ensemble, hub_utils.from_pretrained])  # fmt: skip
     _patch(hub_utils, "from_pretrained", _name_missing_folders, call_sites=[BaseFairseqModel.from_pretrained])
     _patch(checkpoint_utils, "load_checkpoint", _start_training, call_sites=[fairseq_cli.train.main])
-    _patch(fairseq.trainer.Trainer, "__init__", _refuse_half_precision_without_gpu, call_sites=[fairseq_cli.train.main])
+    _patch(fairseq.trainer.Trainer, "__init__", _check_precision, call_sites=[fairseq_cli.train.main])
+    _patch(distributed_utils, "call_main", _bf16_without_tpu,
+           call_sites=[fairseq_cli.train.cli_main, fairseq_cli.interactive.cli_main])  # fmt: skip
     for cli in (fairseq_cli.generate, fairseq_cli.interactive):
-        _patch(cli, "main", _report_ignored_bf16, call_sites=[cli.cli_main])
+        _patch(cli, "main", _translate_in_bf16, call_sites=[cli.cli_main])
+    _patch(FairseqDropout, "forward", _fast_dropout_in_bf16)  # nn.Module.__call__ looks forward up
+    _patch(fairseq_utils, "log_softmax", _log_softmax_from_bf16, call_sites=[FairseqDecoder.get_normalized_probs_scriptable])
+    _patch(hub_utils.GeneratorHubInterface, "generate", _hub_generates_in_bf16,
+           call_sites=[hub_utils.GeneratorHubInterface.sample])  # fmt: skip
     _patch(checkpoint_utils, "verify_checkpoint_directory", _remember_new_save_dir, call_sites=[fairseq_cli.train.main])
     _patch(sys, "excepthook", _one_line_errors)  # the interpreter calls it: no call site to check
 
@@ -348,15 +363,11 @@ def _half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:
     """Why fairseq-train cannot train with the precision flags of *common* (fairseq's
     ``cfg.common``, or its argparse namespace) on this machine, or None. *cuda*: torch sees a CUDA
     GPU; *xla*: torch_xla is installed."""
-    if common.tpu:  # fairseq-train's --bf16 turns on --tpu: a TPU run through torch_xla
-        if common.bf16 and not xla:
-            flag = "--memory-efficient-bf16" if common.memory_efficient_bf16 else "--bf16"
-            instead = "on a GPU use --fp16 or --amp instead" if cuda else "leave it out to train in float32"
-            return (f"{flag} makes fairseq-train train on a TPU (fairseq turns on --tpu with it), which needs "
-                    f"torch_xla, not installed here: {instead}")  # fmt: skip
+    if common.bf16 and not xla:  # the plugin's bfloat16 mixed precision, on a CPU or a GPU
+        return precision.problem(common)
+    if common.tpu:  # fairseq's --bf16 with torch_xla: its TPU run
         return None
     flags = [flag for flag, on in (("--memory-efficient-fp16", common.memory_efficient_fp16), ("--fp16", common.fp16),
-                                   ("--memory-efficient-bf16", common.memory_efficient_bf16), ("--bf16", common.bf16),
                                    ("--amp", common.amp)) if on]  # fmt: skip
     if not flags or (cuda and not common.cpu):
         return None
@@ -364,53 +375,150 @@ def _half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:
     return f"{flags[0]} needs a CUDA GPU, and {why}: leave out {flags[0]} to train in float32"
 
 
-def _refuse_half_precision_without_gpu(trainer_init):
+def _check_precision(trainer_init):
     """fairseq-train's half-precision flags fail without a CUDA GPU deep inside fairseq, or do
     something else than they say: --fp16 in its optimizer (``Torch not compiled with CUDA
-    enabled``), --bf16 (which fairseq turns into --tpu) in ``get_tpu_device`` (``'NoneType' object
-    has no attribute 'xla_device'``), while --amp trains in float32 (autocast is off without CUDA)
-    and --memory-efficient-fp16 in emulated float16. Refuse them in one line before anything is
-    built; with a GPU nothing changes.
+    enabled``), while --amp trains in float32 (autocast is off without CUDA) and
+    --memory-efficient-fp16 in emulated float16. Refuse them in one line before anything is
+    built; with a GPU nothing changes. --bf16 without torch_xla (which fairseq would run as a
+    TPU run and fail on) trains in bfloat16 mixed precision on the trainer's device, CPU or GPU:
+    the trainer is built as for float32 (``cfg.common.bf16`` off: float32 model, plain
+    optimizer, no loss scaler), then its criterion runs under the autocast
+    (``precision.autocast_training``).
 
     Call site: ``fairseq_cli.train.main`` (fairseq-train, and fairseq-hydra-train's ``pre_main``)
     builds its ``Trainer(cfg, ...)``, which chooses the device and the precision.
 
     A stock ``transformer`` run: with a CUDA GPU (and without ``--cpu``), or without these
-    flags, nothing; the check reads only ``cfg.common``. Without a GPU, --fp16 and --bf16 fail in
-    fairseq too (now in one line), while --amp and --memory-efficient-fp16, which fairseq runs
-    in float32 or emulated float16, are refused as well: a deliberate difference, for every
-    model alike."""
+    flags, nothing; the check reads only ``cfg.common``. Without a GPU, --fp16 fails in fairseq
+    too (now in one line), while --amp and --memory-efficient-fp16, which fairseq runs in float32
+    or emulated float16, are refused as well: a deliberate difference, for every model alike.
+    --bf16 trains in bfloat16 mixed precision, where fairseq fails without torch_xla."""
 
     @functools.wraps(trainer_init)
-    def init_refusing_half_precision_without_gpu(self, cfg, *args, **kwargs):
-        xla = importlib.util.find_spec("torch_xla") is not None
-        problem = _half_precision_problem(getattr(cfg, "common", cfg), torch.cuda.is_available(), xla)
+    def init_checking_precision(self, cfg, *args, **kwargs):
+        common = getattr(cfg, "common", cfg)
+        problem = _half_precision_problem(common, torch.cuda.is_available(), precision.xla_installed())
         if problem is not None:
             raise RealformerConfigError(problem)
+        bf16 = precision.requested(common)
+        if bf16:  # a float32 trainer, on the device fairseq chooses (not a TPU)
+            common.bf16 = common.tpu = False
         trainer_init(self, cfg, *args, **kwargs)
+        if bf16:
+            precision.warn_if_emulated(self.device.type, _prog())
+            precision.autocast_training(self)
 
-    return init_refusing_half_precision_without_gpu
+    return init_checking_precision
 
 
-def _report_ignored_bf16(main):
+def _bf16_without_tpu(call_main):
+    """fairseq's parser turns ``--bf16`` into ``--tpu``, and ``call_main`` then skips the
+    distributed set-up (``infer_init_method`` returns at once for a TPU) and spawns several GPUs
+    through torch_xla. Without torch_xla, --bf16 is the plugin's mixed precision on the CPU or the
+    GPUs: take ``--tpu`` back off before fairseq reads it.
+
+    Call site: ``cli_main`` of fairseq-train and fairseq-interactive call
+    ``distributed_utils.call_main(cfg, main)`` (fairseq-hydra-train too; its ``common.bf16``
+    never turns on ``tpu``).
+
+    A stock ``transformer`` run: nothing without --bf16 (or with torch_xla installed)."""
+
+    @functools.wraps(call_main)
+    def call_main_without_tpu_for_bf16(cfg, main, **kwargs):
+        if precision.requested(cfg.common):
+            cfg.common.tpu = False
+        return call_main(cfg, main, **kwargs)
+
+    return call_main_without_tpu_for_bf16
+
+
+def _translate_in_bf16(main):
     """fairseq-generate and fairseq-interactive apply --fp16 to the models (``model.half()``) but
-    never --bf16: they translate in float32 without a word. Say so before they start.
+    never --bf16: they would translate in float32 without a word. With --bf16 (and no torch_xla)
+    the whole translation runs under the bf16 autocast on its device: the models stay float32
+    and the matrix products run in bfloat16; the autocast's bfloat16 copy of each weight is made
+    once for the whole run.
 
     Call site: ``cli_main`` calls ``main(args)`` (fairseq-generate) or hands ``main`` to
     ``distributed_utils.call_main`` (fairseq-interactive), looking it up in its module.
 
-    A stock ``transformer``: the same translation; with --bf16 one warning line on stderr."""
+    A stock ``transformer``: without --bf16 the same translation; with it, bfloat16's."""
 
     @functools.wraps(main)
-    def main_reporting_ignored_bf16(cfg, *args, **kwargs):
+    def main_in_bf16(cfg, *args, **kwargs):
         common = getattr(cfg, "common", cfg)
-        if getattr(common, "bf16", False):
-            flag = "--memory-efficient-bf16" if getattr(common, "memory_efficient_bf16", False) else "--bf16"
-            print(f"{_prog()}: warning: {flag} is ignored: {_prog()} translates in float32 "
-                  f"(in float16 with --fp16, on a GPU or a CPU)", file=sys.stderr, flush=True)  # fmt: skip
-        return main(cfg, *args, **kwargs)
+        if not precision.requested(common):
+            return main(cfg, *args, **kwargs)
+        precision.check(common)
+        common.tpu = False  # fairseq's parser turned it on with --bf16
+        device_type = "cuda" if torch.cuda.is_available() and not common.cpu else "cpu"
+        precision.warn_if_emulated(device_type, _prog())
+        with precision.autocast(device_type):
+            return main(cfg, *args, **kwargs)
 
-    return main_reporting_ignored_bf16
+    return main_in_bf16
+
+
+def _fast_dropout_in_bf16(forward):
+    """fairseq's dropout (``FairseqDropout``: every fairseq layer's, and the plugin's) draws its
+    masks with ``precision.dropout`` under the bf16 autocast on a CPU, twice as fast as
+    ``F.dropout``'s ``bernoulli_``, which took 16 % of a bf16 update at the quality study's size
+    (``precision``'s docstring). Same keep probability and scaling; other random draws.
+
+    Call site: every module calls its ``dropout_module(x)`` (``nn.Module.__call__``).
+
+    A stock ``transformer`` run: without --bf16, or on a GPU, nothing changes; in bf16 on a CPU,
+    the masks come from ``torch.rand``."""
+
+    @functools.wraps(forward)
+    def forward_with_fast_masks_in_bf16(self, x, inplace: bool = False):
+        if self.p > 0 and (self.training or self.apply_during_inference) and precision.fast_dropout_here(x):
+            return precision.dropout(x, self.p)
+        return forward(self, x, inplace)
+
+    return forward_with_fast_masks_in_bf16
+
+
+def _log_softmax_from_bf16(log_softmax):
+    """The decoders' log-probabilities from bfloat16 logits (the bf16 autocast's output
+    projection) on a CPU: ``precision.log_softmax_from_bf16``, the same float32 values without
+    a float32 copy of the logits, and a bfloat16 gradient.
+
+    Call site: ``FairseqDecoder.get_normalized_probs_scriptable`` calls ``utils.log_softmax``
+    (every fairseq decoder's ``get_normalized_probs``).
+
+    A stock ``transformer`` run: float32 logits (no --bf16), or a GPU, go to fairseq's own."""
+
+    @functools.wraps(log_softmax)
+    def log_softmax_in_blocks_from_bf16(x, dim: int, onnx_trace: bool = False):
+        if x.dtype == precision.DTYPE and x.device.type == "cpu" and not onnx_trace and dim in (-1, x.dim() - 1):
+            return precision.log_softmax_from_bf16(x)
+        return log_softmax(x, dim, onnx_trace)
+
+    return log_softmax_in_blocks_from_bf16
+
+
+def _hub_generates_in_bf16(generate):
+    """The hub interface (``from_pretrained``) translates in bf16 when loaded with ``bf16=True``
+    (fairseq's keyword arguments set the loaded configuration: ``cfg.common.bf16``): every
+    ``translate``, ``sample`` and ``generate`` then runs under the bf16 autocast on the models'
+    device, the models staying float32.
+
+    Call site: ``translate`` and ``sample`` call ``self.generate``.
+
+    A stock ``transformer``'s hub: without ``bf16=True`` nothing changes."""
+
+    @functools.wraps(generate)
+    def generate_in_bf16(self, *args, **kwargs):
+        common = self.cfg.common
+        if not precision.requested(common):
+            return generate(self, *args, **kwargs)
+        precision.check(common)
+        with precision.autocast(self.device.type):
+            return generate(self, *args, **kwargs)
+
+    return generate_in_bf16
 
 
 def _prog() -> str:
@@ -448,14 +556,26 @@ def _one_line_errors(previous_hook):
     unchanged.
 
     A stock ``transformer`` run: only the plugin's own errors (``RealformerConfigError``: the
-    patches above, e.g. a missing --restore-file) are shortened; fairseq's exceptions print
-    their tracebacks as before."""
+    patches above, e.g. a missing --restore-file), and fairseq's refusal of --fp16 with --bf16,
+    are shortened; fairseq's other exceptions print their tracebacks as before."""
 
     def print_config_errors_as_one_line(exc_type, exc, tb):
-        if issubclass(exc_type, RealformerConfigError):
-            print(f"{_prog()}: error: {exc}", file=sys.stderr)
+        message = str(exc) if issubclass(exc_type, RealformerConfigError) else _bf16_with_fp16(exc)
+        if message is not None:
+            print(f"{_prog()}: error: {message}", file=sys.stderr)
             folders.remove_empty(_new_save_dirs)
             return
         previous_hook(exc_type, exc, tb)
 
     return print_config_errors_as_one_line
+
+
+def _bf16_with_fp16(exc) -> Optional[str]:
+    """The one-line form of fairseq's parser refusing --fp16 with --bf16 (a ``ValueError`` about
+    --tpu, which --bf16 turns on and the user never typed), or None for any other exception."""
+    asked = {"--bf16", "--memory-efficient-bf16"} & set(sys.argv[1:])
+    if type(exc) is ValueError and str(exc) == "Cannot combine --fp16 and --tpu, use --bf16 on TPUs" and asked:
+        if not precision.xla_installed():
+            efficient = "--memory-efficient-bf16" in asked
+            return precision.problem(argparse.Namespace(bf16=True, fp16=True, memory_efficient_bf16=efficient))
+    return None

@@ -1,7 +1,7 @@
-"""Half precision where fairseq cannot give it: fairseq-train's --fp16, --bf16,
---memory-efficient-fp16/bf16 and --amp on a machine without a CUDA GPU stop with one line naming the
-flag and what to do instead (with a GPU nothing changes); fairseq-generate says that it ignores
---bf16 and translates exactly as in float32."""
+"""Half precision where fairseq cannot give it: fairseq-train's --fp16, --memory-efficient-fp16
+and --amp on a machine without a CUDA GPU stop with one line naming the flag and what to do instead
+(with a GPU nothing changes); --bf16 without torch_xla is the plugin's bfloat16 mixed precision on
+a CPU or a GPU (tests/test_bf16.py), and with torch_xla fairseq's TPU run."""
 from argparse import Namespace
 
 import pytest
@@ -14,8 +14,7 @@ from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.fairseq_patches import _half_precision_problem
 
 from .cli import TRAIN, run
-from .helpers import USER_DIR
-from .test_compat import EXPECTED, FIXTURES, assert_same_translations
+from .test_compat import FIXTURES
 
 DATA = FIXTURES / "bin"
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="what happens without a CUDA GPU")
@@ -25,11 +24,6 @@ REFUSED_WITHOUT_GPU = {
     "--memory-efficient-fp16": "--memory-efficient-fp16 needs a CUDA GPU, and torch sees none on this machine: "
                                "leave out --memory-efficient-fp16 to train in float32",
     "--amp": "--amp needs a CUDA GPU, and torch sees none on this machine: leave out --amp to train in float32",
-    # fairseq-train turns --bf16 into a TPU run
-    "--bf16": "--bf16 makes fairseq-train train on a TPU (fairseq turns on --tpu with it), which needs torch_xla, "
-              "not installed here: leave it out to train in float32",
-    "--memory-efficient-bf16": "--memory-efficient-bf16 makes fairseq-train train on a TPU (fairseq turns on --tpu "
-                               "with it), which needs torch_xla, not installed here: leave it out to train in float32",
 }  # fmt: skip
 
 
@@ -58,8 +52,6 @@ def common(**flags):
 @pytest.mark.parametrize("flag, flags", [
     ("--fp16", dict(fp16=True)), ("--memory-efficient-fp16", dict(fp16=True, memory_efficient_fp16=True)),
     ("--amp", dict(amp=True)),
-    # fairseq-hydra-train's common.bf16 (no --tpu): trains on a GPU
-    ("--bf16", dict(bf16=True)), ("--memory-efficient-bf16", dict(bf16=True, memory_efficient_bf16=True)),
 ])  # fmt: skip
 def test_nothing_changes_on_a_gpu(flag, flags):
     assert _half_precision_problem(common(**flags), cuda=True, xla=False) is None
@@ -68,10 +60,14 @@ def test_nothing_changes_on_a_gpu(flag, flags):
     )
 
 
-def test_bf16_on_a_tpu_is_left_to_fairseq():
-    assert _half_precision_problem(common(bf16=True, tpu=True), cuda=False, xla=True) is None
-    on_gpu = _half_precision_problem(common(bf16=True, tpu=True), cuda=True, xla=False)
-    assert on_gpu.endswith("not installed here: on a GPU use --fp16 or --amp instead")
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("tpu", [False, True], ids=["hydra", "command-line"])  # fairseq-train's --bf16 sets --tpu
+def test_bf16_is_mixed_precision_without_torch_xla_and_a_tpu_run_with_it(cuda, tpu):
+    assert _half_precision_problem(common(bf16=True, tpu=tpu), cuda=cuda, xla=False) is None
+    assert _half_precision_problem(common(bf16=True, tpu=tpu, cpu=True), cuda=cuda, xla=False) is None
+    assert _half_precision_problem(common(bf16=True, tpu=True), cuda=cuda, xla=True) is None  # fairseq's own
+    refused = _half_precision_problem(common(bf16=True, tpu=tpu, memory_efficient_bf16=True), cuda=cuda, xla=False)
+    assert refused.startswith("--memory-efficient-bf16 keeps the weights themselves in bfloat16")
 
 
 @NO_GPU
@@ -79,11 +75,3 @@ def test_fairseq_train_fp16_without_gpu_is_one_line(tmp_path):
     result = run("fairseq-train", DATA, *TRAIN, "--save-dir", tmp_path, "--fp16", check=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == f"fairseq-train: error: {REFUSED_WITHOUT_GPU['--fp16']}"
-
-
-def test_fairseq_generate_says_it_ignores_bf16():
-    result = run("fairseq-generate", DATA, "--user-dir", USER_DIR, "--path", FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt",
-                 "--beam", "4", "--batch-size", "8", "--max-len-b", "12", "--bf16")  # fmt: skip
-    assert ("fairseq-generate: warning: --bf16 is ignored: fairseq-generate translates in float32 "
-            "(in float16 with --fp16, on a GPU or a CPU)") in result.stderr.splitlines()  # fmt: skip
-    assert_same_translations(result.stdout, EXPECTED["pre-ln"]["generate"])  # float32's translations and scores

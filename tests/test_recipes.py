@@ -495,6 +495,10 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     single = quality.parse_args(["--data", str(data), "--preset", "cpu", "--out", str(tmp_path / "q")])
     assert not single.sweep and single.lr == quality.PRESETS["cpu"].lr
     assert quality.run_folder(single, single.configs[0], 1) == tmp_path / "q" / "post-ln" / "seed1"
+    bf16 = quality.parse_args(["--data", str(data), "--preset", "cpu", "--bf16", "--out", str(tmp_path / "q")])
+    assert quality.run_folder(bf16, bf16.configs[0], 1) == tmp_path / "q" / "post-ln-bf16" / "seed1"
+    assert quality.recipe_run_flags(bf16)[0] == "--bf16"  # the recipe trains and translates in bf16
+    assert quality.settings(bf16)["bf16"] and "bf16" not in quality.settings(single)  # a float32 study's runs
     with pytest.raises(SystemExit):
         quality.parse_args(["--data", str(data), "--lr", "1e-3,fast"])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--lr 1e-3,fast: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
@@ -568,7 +572,7 @@ def _quality_report():
     return report
 
 
-COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de.json"))
+COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de*.json"))
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")

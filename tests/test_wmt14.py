@@ -319,6 +319,12 @@ def test_update_freq_reaches_32k_tokens_and_en_fr_lr():
     assert "32768 tokens per update" in out
 
 
+@pytest.mark.parametrize("precision, flags", [("bf16", ["--bf16"]), ("fp32", [])])
+def test_precision_bf16_trains_in_bfloat16_mixed_precision(precision, flags):
+    fairseq_args, _ = dry_run("--precision", precision, *TINY)
+    assert [f for f in fairseq_args if f in ("--bf16", "--fp16")] == flags
+
+
 def test_train_runs_two_cpu_ranks_that_really_train(en_de, tmp_path):
     """Two gloo processes: each takes 4 sentences per step, so a real 2-rank run logs bsz=8;
     two independent trainings would each log bsz=4 and save twice."""

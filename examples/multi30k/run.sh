@@ -8,6 +8,7 @@
 #     --test-sets A,B,...               test sets to score, e.g. test_2016_flickr,test_2017_mscoco
 #                                       (default: every test_* set of DATA_DIR in both languages)
 #     --tiny                            first 300 lines, tiny model (the tests)
+#     --bf16                            train and translate in bfloat16 mixed precision (CPU or GPU)
 #     --prepare-only                    stop after the data are binarised (RUN_DIR/bin)
 #
 # DATA_DIR holds train.L.gz, val.L.gz and test_*.L.gz (raw text, read in place; default
@@ -17,15 +18,16 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-usage() { sed -n '2,17p' "$0" | cut -c3-; exit 2; }
+usage() { sed -n '2,18p' "$0" | cut -c3-; exit 2; }
 die() { echo "run.sh: error: $*" >&2; exit 2; }
 
 tiny=0 prepare_only=0 src=en tgt=de test_sets=
-positional=()
+positional=() precision=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   case "$1" in
     --tiny) tiny=1; shift ;;
     --prepare-only) prepare_only=1; shift ;;
+    --bf16) precision=(--bf16); shift ;;
     --source-lang|--target-lang|--test-sets)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in --source-lang) src=$2 ;; --target-lang) tgt=$2 ;; --test-sets) test_sets=$2 ;; esac
@@ -87,7 +89,7 @@ if [ -e "$run/test-sets" ] && [ "$(cat "$run/test-sets")" != "$test_sets" ]; the
   die "$run was prepared for the test sets $(cat "$run/test-sets"), not $test_sets: choose another RUN_DIR"
 fi
 echo "$test_sets" > "$run/test-sets"
-say "$src -> $tgt, data $data, output in $run, $arch, $epochs epochs${lines:+, first $lines lines}; test sets ${sets[*]}"
+say "$src -> $tgt, data $data, output in $run, $arch, $epochs epochs${lines:+, first $lines lines}${precision[@]+, bfloat16 mixed precision}; test sets ${sets[*]}"
 
 say "1/5 set-up: scripts/setup_env.sh"
 "$root/scripts/setup_env.sh"
@@ -112,7 +114,8 @@ if [ -e "$ckpt/train.done" ]; then say "3/5 train: $ckpt/train.done exists, skip
     --optimizer adam --adam-betas '(0.9,0.98)' --lr 5e-4 --lr-scheduler inverse_sqrt \
     --warmup-updates 1000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --max-tokens 4096 --max-epoch "$epochs" --keep-last-epochs "$average" --save-dir "$ckpt" --seed 1 \
-    --log-format simple --log-interval 50 --no-progress-bar ${train_extra[@]+"${train_extra[@]}"} \
+    --log-format simple --log-interval 50 --no-progress-bar ${precision[@]+"${precision[@]}"} \
+    ${train_extra[@]+"${train_extra[@]}"} \
     2>&1 | tee -a "$run/train.log"
   touch "$ckpt/train.done"
 fi
@@ -135,7 +138,7 @@ for i in "${!sets[@]}"; do
   say "5/5 translate $name (beam 5) and score it"
   "$py" "$root/scripts/score.py" --data "$run/bin" --checkpoint "$ckpt/checkpoint_avg.pt" --gen-subset "$subset" \
     --source-lang $src --target-lang $tgt --reference "$reference" --bpe sentencepiece --detok none \
-    --beam 5 --lenpen 1.0 --output-dir "$out" ${generate[@]+"${generate[@]}"} > /dev/null
+    --beam 5 --lenpen 1.0 --output-dir "$out" ${generate[@]+"${generate[@]}"} ${precision[@]+"${precision[@]}"} > /dev/null
 done
 
 say "done in ${SECONDS}s; translations in $run/score/TEST_SET/test*.hyp.$tgt"

@@ -29,7 +29,7 @@ WARMUP=8000
 LR=""                   # default: 5e-4 (en-de), 1.2e-3 (en-fr)
 TOTAL_NUM_UPDATE=""     # default: EPOCHS * updates per epoch (updates_per_epoch.py)
 KEEP_LAST_EPOCHS=25     # the paper averages the last 25 epoch checkpoints
-PRECISION=""            # fp16 | fp32; default: fp16 on GPUs, fp32 on CPU
+PRECISION=""            # fp16 | bf16 | fp32; default: fp16 on GPUs, fp32 on CPU
 SEED=1
 DRY_RUN=0
 EXTRA=()
@@ -59,7 +59,7 @@ Usage: train.sh [options] [fairseq-train arguments...]
   --total-num-update N   where the linear decay reaches 0 (default: epochs x updates per
                          epoch, counted from the data by updates_per_epoch.py)
   --keep-last-epochs N   epoch checkpoints kept                         (default: 25)
-  --precision P          fp16 | fp32                       (default: fp16 on GPUs, fp32 on CPU)
+  --precision P          fp16 | bf16 | fp32                (default: fp16 on GPUs, fp32 on CPU)
   --seed N               (default: 1)
   --dry-run              print the command, run nothing
   --                     everything after it goes to fairseq-train
@@ -139,10 +139,10 @@ WORLD_SIZE=$((NNODES * PROCS))
 UPDATE_FREQ="${UPDATE_FREQ:-$(( (TOKENS_PER_UPDATE + WORLD_SIZE * MAX_TOKENS - 1) / (WORLD_SIZE * MAX_TOKENS) ))}"
 case "$PRECISION" in
     fp16) DEVICE+=(--fp16) ;;
-    # fairseq 0.12's command line turns --bf16 into TPU mode (options.parse_args_and_arch)
-    bf16) die "--precision bf16: fairseq-train's --bf16 switches fairseq to a TPU; on GPUs use fp16, or bf16 through fairseq-hydra-train (common.bf16=true, examples/wmt14/config)" ;;
+    # the plugin's bfloat16 mixed precision (float32 weights, no loss scaler), on GPUs or CPUs
+    bf16) DEVICE+=(--bf16) ;;
     fp32) ;;
-    *) die "--precision must be fp16 or fp32 (got '$PRECISION')" ;;
+    *) die "--precision must be fp16, bf16 or fp32 (got '$PRECISION')" ;;
 esac
 # Always explicit: fairseq's default world size is the number of visible GPUs, and with one
 # process per node it would otherwise skip distributed set-up altogether.

@@ -30,7 +30,8 @@ reads: λ_t·(P V_n)_t + (1 − λ_t)·(P V_1)_t. Decoding needs no extra cache 
 self-attention layer caches its mixed values and needs only the step's rows of V_1;
 cross-attention reads V_1 from the first layer's cache. Under LayerDrop, V_1 is the values of
 the first layer of the path that runs in this pass. V_1 is carried in float32 when the attention
-computes in float16, as the scores are.
+computes in half precision (float16 or bfloat16, also under ``--bf16``'s autocast), as the scores
+are.
 """
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -40,6 +41,12 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
+
+
+# Attention computing in these dtypes carries S_n and V_1 in float32: a deep running sum can overflow
+# float16's 65504, and bfloat16's 8-bit mantissa doubles the error of S_18 against float32
+# (tests/test_bf16.py).
+HALF = (torch.float16, torch.bfloat16)
 
 
 class _SoftmaxSavedInHalf(torch.autograd.Function):
@@ -146,8 +153,9 @@ class ResidualMultiheadAttention(MultiheadAttention):
             ``(output, weights, carried)``: output ``(tgt_len, bsz, embed_dim)``; this layer's
             attention probabilities averaged over heads (or per head with
             *need_head_weights*) when asked for, else ``None``; and what to hand on: ``S_n``,
-            unmasked, and ``V_1``, both in float32 when the attention computes in float16 (a
-            deep running sum can overflow float16's 65504).
+            unmasked, and ``V_1``, both in float32 when the attention computes in float16 or
+            bfloat16 (a deep running sum can overflow float16's 65504; bfloat16 rounds it to
+            8 bits).
         """
         tgt_len, bsz, embed_dim = query.size()
         saved_state = None
@@ -206,8 +214,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
         """The RealFormer score chain, top to bottom. q, k, v: ``(batch * heads, length, head_dim)``.
         Returns (the weighted sum of the values, this layer's probabilities, ``S_n`` to hand on)."""
         scores = self._bmm(q * self.scaling, k.transpose(1, 2), kv_bsz, plus=prev_scores)  # S_n = QKᵀ/√d + S_{n-1}
-        if scores.dtype == torch.float16:
-            scores = scores.float()  # a deep running sum can overflow float16's 65504
+        if scores.dtype in HALF:
+            scores = scores.float()  # carried in float32 (HALF)
         logits = scores / depth if self.running_mean and depth > 1 else scores  # running mean: S_n / n
         logits = self._mask(logits, logits is not scores, attn_mask, key_padding_mask, kv_bsz)
         probs = _softmax(logits, v.dtype)
@@ -303,8 +311,8 @@ class ValueGate(nn.Module):
 
 
 def _carried_dtype(t: Tensor) -> Tensor:
-    """What is carried from layer to layer: float32 when the attention computes in float16."""
-    return t.float() if t.dtype == torch.float16 else t
+    """What is carried from layer to layer: float32 when the attention computes in half precision."""
+    return t.float() if t.dtype in HALF else t
 
 
 def _weights(probs: Tensor, bsz: int, num_heads: int, per_head: bool) -> Tensor:

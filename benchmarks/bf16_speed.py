@@ -1,0 +1,209 @@
+"""bf16 against float32 as a user sees it: fairseq-train's own tokens/s (``wps``) and peak memory,
+and fairseq-generate's sentences/s with beam 5, for the same models, data and flags, run side by
+side on this machine (float32 and bf16 alternate, each repeat in a fresh process).
+
+    python benchmarks/bf16_speed.py --json benchmarks/results/cpu-bf16-speed.json
+    python benchmarks/bf16_speed.py --quick          # a minute: proves it runs
+
+Models (``--models``):
+  wmt-transformer   fairseq's transformer_wmt_en_de, 6L-6L, d=512 (FFN 2048, 8 heads)
+  wmt-realformer    realformer_wmt_en_de (RealFormer on ADMIN, all paths, running mean), 6L-6L, d=512
+  small-transformer fairseq's transformer at the quality study's size: 4+4, d=128, FFN 256, 4 heads
+  small-realformer  realformer (the study's "realformer" variant) at that size
+all with shared embeddings on Multi30k En-De (joint sentencepiece, 8k: the quality study's data,
+binarised by examples/multi30k/run.sh --prepare-only), dropout 0.3, Adam, label smoothing 0.1,
+--max-tokens 4096 (2048 at d=512). Training: --max-update N, the first logging interval is
+warm-up and is left out of the tokens/s. Memory: the peak resident set of the fairseq-train
+process (ru_maxrss), the model and data included. Generation: fairseq-generate translates about
+--gen-sentences of the test set (one shard) with beam 5 from the checkpoint the first float32
+training run wrote, every hypothesis forced to 24 tokens (--min-len 24 --max-len-b 24): an
+untrained model would stop after one token, and a forced length makes both precisions decode the
+same steps.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = REPO / "fairseq_realformer"
+VENV = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
+sys.path.insert(0, str(REPO))
+from fairseq_realformer.variants import VARIANTS  # noqa: E402
+
+SMALL = ("--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
+         "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+         "--encoder-layers", "4", "--decoder-layers", "4")  # fmt: skip
+MODELS = {
+    "wmt-transformer": ("--arch", "transformer_wmt_en_de", "--max-tokens", "2048"),
+    "wmt-realformer": ("--arch", "realformer_wmt_en_de", "--max-tokens", "2048"),
+    "small-transformer": ("--arch", "transformer", *SMALL, "--max-tokens", "4096"),
+    "small-realformer": ("--arch", "realformer_iwslt_de_en", *SMALL, *VARIANTS["realformer"], "--max-tokens", "4096"),
+}
+TEST_SENTENCES = 1000  # test_2016_flickr
+GEN_LENGTH = 24  # every hypothesis: about a Multi30k sentence's length in pieces
+TRAIN = ("--user-dir", str(USER_DIR), "--source-lang", "en", "--target-lang", "de", "--share-all-embeddings",
+         "--dropout", "0.3", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--seed", "1",
+         "--num-workers", "0", "--log-format", "json", "--no-progress-bar", "--disable-validation",
+         "--no-epoch-checkpoints", "--save-interval-updates", "1000000")  # fmt: skip
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help="comma list of %(default)s")
+    p.add_argument("--updates", type=int, default=40, help="training updates per run (default: %(default)s)")
+    p.add_argument("--log-interval", type=int, default=10, help="updates per wps line (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=2, help="float32/bf16 pairs per model (default: %(default)s)")
+    p.add_argument("--gen-sentences", type=int, default=200, help="test sentences translated (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP threads (default: every core)")
+    p.add_argument("--quick", action="store_true", help="small models, 12 updates, 1 repeat, 40 sentences")
+    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"), help="Multi30k folder")
+    p.add_argument("--out", default=str(REPO / "runs" / "bf16-speed"), help="work folder (default: %(default)s)")
+    p.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores")
+    p.add_argument("--json", help="also write the numbers here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.updates, args.log_interval, args.repeats, args.gen_sentences = \
+            "small-transformer,small-realformer", 12, 4, 1, 40  # fmt: skip
+    args.models = args.models.split(",")
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        p.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(MODELS)}")
+    if args.updates < 2 * args.log_interval:
+        p.error("--updates must be at least twice --log-interval (the first interval is warm-up)")
+    args.out = Path(args.out)
+    return args
+
+
+def prepare(args) -> Path:
+    data = args.out / "data"
+    if not (data / "bin" / "dict.de.txt").exists():
+        cmd = ["bash", str(REPO / "examples" / "multi30k" / "run.sh"), "--prepare-only", "--test-sets",
+               "test_2016_flickr", args.data, str(data)]  # fmt: skip
+        print(f"[bf16-speed] data: {shlex.join(cmd)}", flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return data / "bin"
+
+
+def run_measured(cmd, env, log_path):
+    """Run *cmd*; return (its output, its peak resident set in bytes, wall seconds)."""
+    start = time.time()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    output = Path(log_path).read_text()
+    if process.returncode != 0:
+        raise SystemExit(f"bf16_speed.py: error: {cmd[0]} failed; see {log_path}\n{output[-2000:]}")
+    return output, usage.ru_maxrss * 1024, time.time() - start
+
+
+def train(args, data, model, precision, repeat):
+    work = args.out / f"{model}-{precision}-{repeat}"
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], "--max-update", str(args.updates),
+           "--log-interval", str(args.log_interval), "--save-dir", str(work / "ckpt"), "--cpu",
+           *(["--bf16"] if precision == "bf16" else [])]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    output, peak, _ = run_measured(cmd, env, work / "train.log")
+    lines = [json.loads(line.split("| train_inner | ", 1)[1]) for line in output.splitlines() if "| train_inner | " in line]
+    wps = [float(entry["wps"]) for entry in lines[1:]]  # the first interval is warm-up
+    # tokens/s over the timed intervals: their tokens over their time (harmonic mean of wps)
+    tokens_per_s = len(wps) / sum(1 / w for w in wps)
+    return {"tokens_per_s": round(tokens_per_s, 1), "peak_rss_mb": round(peak / 2**20, 1),
+            "checkpoint": str(work / "ckpt" / "checkpoint_last.pt"), "command": shlex.join(cmd)}  # fmt: skip
+
+
+def generate(args, data, checkpoint, precision, work):
+    cmd = [str(VENV / "bin" / "fairseq-generate"), str(data), "--user-dir", str(USER_DIR), "--path", checkpoint,
+           "--source-lang", "en", "--target-lang", "de", "--gen-subset", "test", "--beam", "5",
+           "--batch-size", "64", "--min-len", str(GEN_LENGTH), "--max-len-a", "0", "--max-len-b", str(GEN_LENGTH),
+           # one shard of the 1,000-sentence test set (fairseq-generate shards by "rank")
+           "--distributed-world-size", str(max(1, TEST_SENTENCES // args.gen_sentences)), "--distributed-rank", "0",
+           "--cpu", *(["--bf16"] if precision == "bf16" else [])]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    output, _, _ = run_measured(cmd, env, work / f"generate-{precision}.log")
+    match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s", output)
+    if not match:
+        raise SystemExit(f"bf16_speed.py: error: no timing line in {work / f'generate-{precision}.log'}")
+    sentences, tokens, seconds, _ = match.groups()
+    return {"sentences": int(sentences.replace(",", "")), "tokens": int(tokens.replace(",", "")),
+            "sentences_per_s": round(int(sentences.replace(",", "")) / float(seconds), 2)}  # fmt: skip
+
+
+def measure(args, data, model):
+    runs = {"fp32": [], "bf16": []}
+    for repeat in range(args.repeats):
+        for precision in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):  # alternate the order
+            result = train(args, data, model, precision, repeat)
+            print(f"[bf16-speed {time.strftime('%H:%M:%S')}] {model} {precision} #{repeat + 1}: "
+                  f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+            runs[precision].append(result)
+    checkpoint = runs["fp32"][0]["checkpoint"]  # the same weights translated both ways
+    work = Path(checkpoint).parent.parent
+    generation = {}
+    for precision in ("fp32", "bf16", "fp32", "bf16")[: 2 * args.repeats]:
+        generation.setdefault(precision, []).append(generate(args, data, checkpoint, precision, work))
+    summary = {}
+    for precision in ("fp32", "bf16"):
+        summary[precision] = {
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[precision]),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs[precision]),
+            "gen_sentences_per_s": statistics.median(g["sentences_per_s"] for g in generation[precision]),
+            "gen_tokens": generation[precision][0]["tokens"],
+            "train_runs": [{k: v for k, v in r.items() if k != "checkpoint"} for r in runs[precision]],
+            "generate_runs": generation[precision],
+        }
+    fp32, bf16 = summary["fp32"], summary["bf16"]
+    summary["ratio"] = {
+        "train_tokens_per_s": round(bf16["tokens_per_s"] / fp32["tokens_per_s"], 2),
+        "train_tokens_per_s_paired": round(statistics.median(b["tokens_per_s"] / f["tokens_per_s"]
+                                                             for f, b in zip(runs["fp32"], runs["bf16"])), 2),
+        "gen_sentences_per_s": round(bf16["gen_sentences_per_s"] / fp32["gen_sentences_per_s"], 2),
+        "peak_rss": round(bf16["peak_rss_mb"] / fp32["peak_rss_mb"], 2),
+    }  # fmt: skip
+    return summary
+
+
+def report(results):
+    rows = ["| model | training tokens/s fp32 | bf16 | × | paired × | beam-5 sentences/s fp32 | bf16 | × "
+            "| peak RSS MB fp32 | bf16 | × |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for model, r in results.items():
+        f, b, x = r["fp32"], r["bf16"], r["ratio"]
+        rows.append(f"| {model} | {f['tokens_per_s']:.0f} | {b['tokens_per_s']:.0f} | {x['train_tokens_per_s']:.2f} | "
+                    f"{x['train_tokens_per_s_paired']:.2f} | {f['gen_sentences_per_s']:.1f} | {b['gen_sentences_per_s']:.1f} | "
+                    f"{x['gen_sentences_per_s']:.2f} | {f['peak_rss_mb']:.0f} | {b['peak_rss_mb']:.0f} | {x['peak_rss']:.2f} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    data = prepare(args)
+    results = {model: measure(args, data, model) for model in args.models}
+    print(report(results), flush=True)
+    if args.json:
+        import torch
+
+        Path(args.json).write_text(json.dumps({
+            "what": "bf16 mixed precision (--bf16) against float32: fairseq-train's tokens/s and peak RSS, "
+                    "fairseq-generate beam 5 sentences/s, Multi30k En-De, on a CPU",
+            "command": "python benchmarks/bf16_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "machine": args.machine, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()), "threads": args.threads,
+            "updates": args.updates, "log_interval": args.log_interval, "repeats": args.repeats,
+            "gen_sentences": args.gen_sentences, "results": results,
+        }, indent=1) + "\n")  # fmt: skip
+        print(f"[bf16-speed] wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
