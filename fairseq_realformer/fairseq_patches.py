@@ -57,6 +57,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from fairseq import checkpoint_utils, hub_utils
 from fairseq import utils as fairseq_utils
 from fairseq.data import data_utils
@@ -460,6 +461,34 @@ def _translate_in_bf16(main):
     return main_in_bf16
 
 
+# fairseq scripts its models with TorchScript (``torch.jit.script``: fairseq-generate's export,
+# fairseq's own tests), which compiles FairseqDropout.forward and utils.log_softmax from their
+# source. The two replacements below are therefore plain, scriptable functions that repeat
+# fairseq's few lines; the Python-only bf16 branch sits behind ``torch.jit.is_scripting()``, and
+# its helpers are ``torch.jit.unused`` (compiled as a stub that is never reached).
+
+
+@torch.jit.unused
+def _fast_dropout_here(x: torch.Tensor) -> bool:
+    return precision.fast_dropout_here(x)
+
+
+@torch.jit.unused
+def _fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    return precision.dropout(x, p)
+
+
+def _dropout_with_fast_masks_in_bf16(self, x, inplace: bool = False):
+    """FairseqDropout.forward (fairseq's lines), with masks from ``precision.dropout`` under
+    the bf16 autocast on a CPU."""
+    if self.p > 0 and (self.training or self.apply_during_inference):
+        if not torch.jit.is_scripting() and _fast_dropout_here(x):
+            return _fast_dropout(x, self.p)
+        return F.dropout(x, p=self.p, training=True, inplace=inplace)
+    else:
+        return x
+
+
 def _fast_dropout_in_bf16(forward):
     """fairseq's dropout (``FairseqDropout``: every fairseq layer's, and the plugin's) draws its
     masks with ``precision.dropout`` under the bf16 autocast on a CPU, twice as fast as
@@ -468,35 +497,42 @@ def _fast_dropout_in_bf16(forward):
 
     Call site: every module calls its ``dropout_module(x)`` (``nn.Module.__call__``).
 
-    A stock ``transformer`` run: without --bf16, or on a GPU, nothing changes; in bf16 on a CPU,
-    the masks come from ``torch.rand``."""
+    A stock ``transformer`` run: without --bf16, or on a GPU, fairseq's own lines run (and are
+    what TorchScript compiles); in bf16 on a CPU, the masks come from ``torch.rand``."""
+    return _dropout_with_fast_masks_in_bf16
 
-    @functools.wraps(forward)
-    def forward_with_fast_masks_in_bf16(self, x, inplace: bool = False):
-        if self.p > 0 and (self.training or self.apply_during_inference) and precision.fast_dropout_here(x):
-            return precision.dropout(x, self.p)
-        return forward(self, x, inplace)
 
-    return forward_with_fast_masks_in_bf16
+@torch.jit.unused
+def _bf16_logits_on_cpu(x: torch.Tensor, dim: int) -> bool:
+    return x.dtype == precision.DTYPE and x.device.type == "cpu" and dim in (-1, x.dim() - 1)
+
+
+@torch.jit.unused
+def _blocked_log_softmax(x: torch.Tensor) -> torch.Tensor:
+    return precision.log_softmax_from_bf16(x)
+
+
+def _log_softmax_in_blocks_from_bf16(x, dim: int, onnx_trace: bool = False):
+    """fairseq.utils.log_softmax (fairseq's lines), from bfloat16 logits on a CPU in row blocks."""
+    if not torch.jit.is_scripting() and not onnx_trace and _bf16_logits_on_cpu(x, dim):
+        return _blocked_log_softmax(x)
+    if onnx_trace:
+        return F.log_softmax(x.float(), dim=dim)
+    else:
+        return F.log_softmax(x, dim=dim, dtype=torch.float32)
 
 
 def _log_softmax_from_bf16(log_softmax):
     """The decoders' log-probabilities from bfloat16 logits (the bf16 autocast's output
-    projection) on a CPU: ``precision.log_softmax_from_bf16``, the same float32 values without
-    a float32 copy of the logits, and a bfloat16 gradient.
+    projection) on a CPU: ``precision.log_softmax_from_bf16``, the same float32 values bit for
+    bit and a bfloat16 gradient, faster.
 
     Call site: ``FairseqDecoder.get_normalized_probs_scriptable`` calls ``utils.log_softmax``
     (every fairseq decoder's ``get_normalized_probs``).
 
-    A stock ``transformer`` run: float32 logits (no --bf16), or a GPU, go to fairseq's own."""
-
-    @functools.wraps(log_softmax)
-    def log_softmax_in_blocks_from_bf16(x, dim: int, onnx_trace: bool = False):
-        if x.dtype == precision.DTYPE and x.device.type == "cpu" and not onnx_trace and dim in (-1, x.dim() - 1):
-            return precision.log_softmax_from_bf16(x)
-        return log_softmax(x, dim, onnx_trace)
-
-    return log_softmax_in_blocks_from_bf16
+    A stock ``transformer`` run: float32 logits (no --bf16), or a GPU, run fairseq's own lines
+    (and TorchScript compiles them)."""
+    return _log_softmax_in_blocks_from_bf16
 
 
 def _hub_generates_in_bf16(generate):

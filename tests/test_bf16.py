@@ -167,6 +167,21 @@ def test_the_vocabulary_log_softmax_from_bf16_is_fairseqs_bit_for_bit():
     assert torch.equal(lprobs, want_lprobs) and torch.equal(loss, want_loss) and torch.equal(grad, want_grad)
 
 
+def test_fairseqs_transformer_still_scripts_with_torchscript():
+    """fairseq scripts its models (its export, its own tests): the plugin's replacements of its
+    dropout and log_softmax compile, and the scripted model computes the eager one's outputs."""
+    from .helpers import build_model, make_dictionary
+
+    dictionary = make_dictionary()
+    model = build_model("transformer", dictionary=dictionary)
+    scripted = torch.jit.script(model)
+    src, src_len, prev = random_batch(dictionary, SRC_LENS, TGT_LENS)
+    with torch.no_grad():
+        want = model.get_normalized_probs(model(src, src_len, prev), log_probs=True)
+        got = scripted.get_normalized_probs(scripted(src, src_len, prev), log_probs=True)
+    torch.testing.assert_close(got, want)
+
+
 # --- precision flags ---------------------------------------------------------------------------
 
 
