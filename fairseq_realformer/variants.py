@@ -7,7 +7,8 @@ RealFormer paper built on). Every ADMIN variant here profiles ω, and every "-re
 adds residual attention on all three paths with the running mean, so the rows differ only in
 what their names say. "realformer-value-residual" adds ResFormer's value residual (λ = ½) on all
 three paths; "resi-dual" is the ResiDual backbone, "resi-dual-realformer" the same with residual
-attention. "admin-radam" also sets the optimizer and drops the learning-rate warm-up (RAdam's
+attention. "post-ln-realformer" is residual attention (running mean, all paths) on Post-LN, the
+paper's BERT form. "admin-radam" also sets the optimizer and drops the learning-rate warm-up (RAdam's
 claim): its flags go after a recipe's own training flags, so that they win.
 
 Shell scripts read a variant's flags, one per line, without importing fairseq:
@@ -27,6 +28,8 @@ VARIANTS = {
     "deepnorm": (*_NO_RESIDUAL_ATTENTION, "--backbone", "deepnorm"),
     "realformer": (*_RESIDUAL_ATTENTION_MEAN, *_ADMIN_PROFILED),
     "realformer-sum": ("--residual-attention-paths", "all", "--residual-attention-mode", "sum", *_ADMIN_PROFILED),
+    # the RealFormer paper's BERT form (and x-transformers' default): residual attention on Post-LN
+    "post-ln-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "post-ln"),
     "rezero": (*_NO_RESIDUAL_ATTENTION, "--backbone", "rezero"),
     "rezero-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "rezero"),
     "t-fixup": (*_NO_RESIDUAL_ATTENTION, "--backbone", "t-fixup"),
