@@ -8,8 +8,6 @@ import signal
 
 import pytest
 import torch
-from fairseq import options
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 
 from fairseq_realformer import precision
@@ -20,6 +18,7 @@ from fairseq_realformer.modules.residual_attention import Carried
 
 from .cli import N_TEST, TINY, TRAIN, popen, preprocess, run
 from .helpers import BACKBONES, USER_DIR, VALUE_RESIDUAL, perturb_, random_batch, realformer
+from .test_half_precision import training_config
 from .test_model import DICT, SRC_LENS, TGT_LENS, forward
 
 
@@ -183,15 +182,6 @@ def test_fairseqs_transformer_still_scripts_with_torchscript():
 
 
 # --- precision flags ---------------------------------------------------------------------------
-
-
-def training_config(*flags):
-    """fairseq-train's configuration for these flags, as fairseq_cli.train.main receives it."""
-    from .test_compat import FIXTURES
-
-    return convert_namespace_to_omegaconf(
-        options.parse_args_and_arch(options.get_training_parser(), [str(FIXTURES / "bin"), *TRAIN, *flags])
-    )
 
 
 REFUSED = {
