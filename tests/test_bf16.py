@@ -5,6 +5,7 @@ hub run it on a CPU, keep float32 checkpoints, resume exactly, and refuse what c
 import json
 import re
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from fairseq_realformer.modules import residual_attention
 from fairseq_realformer.modules.residual_attention import Carried
 
 from .cli import N_TEST, TINY, TRAIN, popen, preprocess, run
-from .helpers import BACKBONES, USER_DIR, VALUE_RESIDUAL, perturb_, random_batch, realformer
+from .helpers import BACKBONES, REPO, USER_DIR, VALUE_RESIDUAL, perturb_, random_batch, realformer
 from .test_half_precision import training_config
 from .test_model import DICT, SRC_LENS, TGT_LENS, forward
 
@@ -207,7 +208,10 @@ def test_bf16_with_fp16_is_one_line(program, tmp_path):
         ["--user-dir", USER_DIR, "--path", FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"]  # fmt: skip
     result = run(program, FIXTURES / "bin", *flags, "--bf16", "--fp16", check=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == f"{program}: error: --bf16 and --fp16 exclude each other: choose one precision"
+    line = result.stderr.strip().splitlines()[-1]
+    assert line == f"{program}: error: --bf16 and --fp16 exclude each other: choose one precision"
+    if program == "fairseq-train":
+        assert line in (Path(REPO) / "docs" / "usage.md").read_text()  # shown there as printed
 
 
 def test_a_cpu_without_bf16_units_gets_one_warning(monkeypatch, capsys):
