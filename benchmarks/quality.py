@@ -34,6 +34,21 @@ committed study goes on in a fresh checkout. Seed 1 of every variant runs first,
 balanced. --jobs N trains N runs side by side with one thread each: on this project's 2-core
 machine two one-thread runs made ~5,250 target tokens/s together, one two-thread run ~4,500.
 
+Learning rates: --lr 2e-3,4e-3,8e-3 is a sweep, every variant at every rate. Each run also scores
+the validation set; --best-seeds 2,3 then trains those seeds for each variant at the rate where its
+--seeds runs scored the best validation BLEU (never a test set), as soon as that variant's sweep is
+in. The report is the sweep's table and figure (test BLEU against the rate), then each variant at
+its best against the others, with the comparisons above.
+
+    nice -n 19 python benchmarks/quality.py --preset cpu --bf16 --lr 2e-3,4e-3,8e-3 --seeds 1 \
+        --best-seeds 2,3 --variants post-ln,pre-ln,admin,realformer,post-ln-realformer --jobs 2 \
+        --json benchmarks/results/cpu-quality-lr-sweep-multi30k-en-de-bf16.json --figures docs/figures/lr-sweep
+
+Divergence: a run whose loss becomes NaN or infinite, or whose training loss climbs back above its
+first epoch's mean (in any 50-update interval fairseq logs, or any epoch), is stopped at once. It is
+recorded, in OUT/.../diverged.json and the JSON, with the update where it happened; it is shown in
+the table and the figure, and never retried or chosen as a best.
+
 Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; with --lr,
 --warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS; with --bf16, which trains and
 translates in bfloat16 mixed precision, OUT/VARIANT-...-bf16/seedS).
@@ -46,11 +61,12 @@ import os
 import platform
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +80,7 @@ UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 RECIPE_ARCH = "realformer_iwslt_de_en"  # run.sh's default ARCH
 MAX_TOKENS = "4096"  # run.sh's --max-tokens
+WATCH_S = 10  # how often a training's log is read for a divergence
 
 
 @dataclass(frozen=True)
@@ -107,6 +124,9 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
     p.add_argument("--lr", metavar="LR[,LR...]",
                    help="peak learning rate (default: the preset's); several: a sweep, each its own runs")
+    p.add_argument("--best-seeds", metavar="2,3", dest="best_seeds_given",
+                   help="with several --lr: then train these seeds too, for each variant at the rate whose "
+                        "--seeds runs scored the best validation BLEU")
     p.add_argument("--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)")
     p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
     p.add_argument("--bf16", action="store_true",
@@ -117,6 +137,8 @@ def parse_args(argv=None):
                    help="test sets of --data to score (default: every test_* set in both languages)")
     p.add_argument("--report-only", action="store_true", help="train nothing: report the runs already finished")
     p.add_argument("--figures", metavar="DIR", help="draw the learning curves and the BLEU per seed into DIR")
+    p.add_argument("--beside", metavar="JSON",
+                   help="a sweep's figure also draws this other sweep's lines, dashed (e.g. 4+4 beside 12+12 layers)")
     p.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
                    help="the machine, for the figures' titles and the JSON (default: %(default)s)")
     multi30k_args.add(p, DEFAULT_VARIANTS)
@@ -150,7 +172,17 @@ def parse_args(argv=None):
     args.configs = [RunConfig(f"{variant} lr={lr:g}" if sweep else variant, variant, lr,
                               (f"-lr{lr:g}" if lr_given is not None else "") + args.run_suffix)
                     for variant in args.variants for lr in lrs]  # fmt: skip
-    args.sweep, args.lr = sweep, None if sweep else lrs[0]
+    args.sweep, args.lr, args.lrs = sweep, None if sweep else lrs[0], lrs
+    args.best_seeds = []
+    if args.best_seeds_given is not None:
+        try:
+            args.best_seeds = sorted({int(s) for s in args.best_seeds_given.split(",") if s.strip()})
+        except ValueError:
+            p.error(f"--best-seeds {args.best_seeds_given}: expected a comma list of integers, e.g. 2,3")
+        if not sweep:
+            p.error("--best-seeds: needs several --lr to choose from")
+        if set(args.best_seeds) & set(args.seeds):
+            p.error(f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, args.seeds))}")
     args.epochs = args.epochs or preset.epochs
     args.layers = args.layers or preset.layers
     args.warmup = preset.warmup if args.warmup is None else args.warmup
@@ -227,6 +259,19 @@ def finished_test_sets(run_dir):
     return names if all((run_dir / "score" / name / "scores.json").exists() for name in names) else None
 
 
+def diverged(run_dir):
+    """Where the run diverged (the record quality.py wrote when it stopped it); None if it did not."""
+    record = run_dir / "diverged.json"
+    return json.loads(record.read_text()) if record.exists() else None
+
+
+def finished(run_dir):
+    """Nothing left to do: the run diverged, or it scored its test sets and the validation set (a
+    run finished before the recipe scored validation sets runs again to score it, and only that)."""
+    return diverged(run_dir) is not None or (
+        finished_test_sets(run_dir) is not None and (run_dir / "score" / "val" / "scores.json").exists())
+
+
 class Runner:
     """Runs the recipe for (variant, seed) pairs, N at a time; stops them all on SIGINT/SIGTERM."""
 
@@ -242,7 +287,7 @@ class Runner:
     def run(self, config, seed):
         run_dir = run_folder(self.args, config, seed)
         variant = config.label
-        if finished_test_sets(run_dir) is not None:
+        if finished(run_dir):
             return None
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = open(run_dir / "lock", "w")  # held until this process ends: one trainer per run folder
@@ -269,16 +314,33 @@ class Runner:
                     return "stopped"
                 process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 self.running.add(process)
-            returncode = process.wait()
+            returncode, where = self.wait_watching(process, run_dir)
             with self.lock:
                 self.running.discard(process)
         with open(run_dir / "attempts.jsonl", "a") as attempts:
             attempts.write(json.dumps({"started": datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds"),
                                        "wall_s": round(time.time() - start, 1), "returncode": returncode}) + "\n")  # fmt: skip
+        if where is not None:  # stopped there, recorded, not retried
+            (run_dir / "diverged.json").write_text(json.dumps(where) + "\n")
+            print(f"[quality {time.strftime('%H:%M:%S')}] {variant} seed {seed} diverged at update {where['update']}: "
+                  f"{where['reason']}; stopped", flush=True)  # fmt: skip
+            return None
         if returncode != 0:
             return "stopped" if self.stopping else recipe_error(run_dir / "recipe.log", f"{variant} seed {seed}")
         print(f"[quality {time.strftime('%H:%M:%S')}] done {variant} seed {seed} in {time.time() - start:.0f} s", flush=True)
         return None
+
+    def wait_watching(self, process, run_dir):
+        """Wait for the recipe, reading its training log every WATCH_S seconds: a run that diverges
+        is stopped at once (its process group). Returns the exit status and where it diverged."""
+        while True:
+            try:
+                returncode = process.wait(timeout=WATCH_S)
+                break
+            except subprocess.TimeoutExpired:
+                if quality_report.divergence(run_dir) is not None and not self.stopping:
+                    os.killpg(process.pid, signal.SIGTERM)
+        return returncode, None if self.stopping else quality_report.divergence(run_dir)
 
     def stop(self, signum, _frame):
         with self.lock:
@@ -305,7 +367,7 @@ def recorded_runs(args):
         return {}
     recorded = {}
     for run in study["runs"]:
-        for name, score in run["test_sets"].items():  # what comparisons() reads: the committed copies
+        for name, score in quality_report.scored_sets(run).items():  # what comparisons() reads: the committed copies
             score["hypotheses"] = str(REPO / score["translations"])
             reference = Path(args.data) / f"{name}.{args.target_lang}.gz"
             if args.quick:  # --tiny scores the first lines only, as many as it translated
@@ -322,39 +384,79 @@ def settings(args):
     # a float32 study's settings have no "bf16" (the studies committed before it existed)
     return {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
             "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs,
+            **({"lrs": args.lrs} if args.sweep else {}), **({"best_seeds": args.best_seeds} if args.best_seeds else {}),
             **({"bf16": True} if args.bf16 else {})}  # fmt: skip
 
 
 def run_all(args, data_dir, recorded):
+    """Every (config, seed) of the study, --jobs at a time, seed 1 of every config first; with
+    --best-seeds, a variant's further seeds are queued at its best rate as soon as its sweep is in."""
     runner = Runner(args, data_dir)
     signal.signal(signal.SIGINT, runner.stop)
     signal.signal(signal.SIGTERM, runner.stop)
-    order = [(config, seed) for seed in args.seeds for config in args.configs  # seed 1 of every variant first
-             if (config.label, seed) not in recorded]  # fmt: skip
+    queued, errors = set(), []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        errors = [e for e in pool.map(lambda pair: runner.run(*pair), order) if e]
+        def submit(config, seed):
+            if (config.label, seed) not in recorded and (config.label, seed) not in queued:
+                queued.add((config.label, seed))
+                pending.add(pool.submit(runner.run, config, seed))
+
+        pending = set()
+        for seed in args.seeds:
+            for config in args.configs:
+                submit(config, seed)
+        while True:
+            for config in best_configs(args, recorded).values():
+                for seed in args.best_seeds:
+                    submit(config, seed)
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            errors += [future.result() for future in done if future.result()]
     if runner.stopping:
         raise SystemExit(130)
     if errors:
         raise SystemExit(f"quality.py: error: {errors[0]}")
 
 
-def collect(args, recorded):
-    """Every finished run: its training summary and its scores on each test set."""
+def best_configs(args, recorded):
+    """Per variant whose --seeds runs have all finished at every rate: the config (rate) with the
+    best mean validation sacreBLEU over those seeds; diverged runs are never best."""
+    runs = {(r["label"], r["seed"]): r for r in collect(args, recorded, seeds=args.seeds)}
+    best = {}
+    for variant in args.variants:
+        mine = [c for c in args.configs if c.variant == variant]
+        if not all((c.label, seed) in runs for c in mine for seed in args.seeds):
+            continue  # its sweep is not in yet
+        scored = {c: [runs[c.label, seed] for seed in args.seeds] for c in mine}
+        scored = {c: rs for c, rs in scored.items() if all(not r.get("diverged") and r.get("val") for r in rs)}
+        if scored:
+            best[variant] = max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
+    return best
+
+
+def collect(args, recorded, seeds=None):
+    """Every finished run: its training summary and its scores on each test set and on the
+    validation set; a diverged run, where it diverged (and no scores)."""
     runs = []
-    for seed in args.seeds:
+    for seed in seeds or args.seeds + args.best_seeds:
         for config in args.configs:
             run_dir = run_folder(args, config, seed)
-            names = finished_test_sets(run_dir)
-            if names is None:
+            names, where = finished_test_sets(run_dir), diverged(run_dir)
+            if names is None and where is None:
                 if (config.label, seed) in recorded:
                     runs.append(recorded[config.label, seed])
                 continue
-            scores = {name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
-                      for i, name in enumerate(names)}  # fairseq's names for the test splits
-            runs.append({"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed,
-                         "folder": f"{run_dir.parent.name}/{run_dir.name}",
-                         **quality_report.run_summary(run_dir), "test_sets": scores})  # fmt: skip
+            run = {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed,
+                   "folder": f"{run_dir.parent.name}/{run_dir.name}", **quality_report.run_summary(run_dir)}  # fmt: skip
+            if where is not None:
+                runs.append({**run, "diverged": where, "test_sets": {}})
+                continue
+            run["test_sets"] = {name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
+                                for i, name in enumerate(names)}  # fairseq's names for the test splits  # fmt: skip
+            if (run_dir / "score" / "val" / "scores.json").exists():
+                run["val"] = quality_report.test_set_scores(run_dir, "val", "valid", args.target_lang)
+            runs.append(run)
     labels = [config.label for config in args.configs]
     return sorted(runs, key=lambda r: (labels.index(r["label"]), r["seed"]))
 
@@ -381,26 +483,46 @@ def main(argv=None):
     runs = collect(args, recorded)
     if not runs:
         raise SystemExit(f"quality.py: error: no finished run in {args.out} yet")
-    labels = [config.label for config in args.configs]
-    found = [] if args.sweep else quality_report.comparisons(runs)
-    across_seeds = [] if args.sweep else quality_report.seed_comparisons(runs)
-    print(quality_report.table(runs, labels, found, describe(args), across_seeds), flush=True)
+    best = {variant: config.lr for variant, config in best_configs(args, recorded).items()} if args.sweep else {}
+    study = {"settings": settings(args), "runs": runs, "best": best}
+    compared = quality_report.compared_runs(study)  # each variant once: at its best rate in a sweep
+    compared_labels = [config.label for config in args.configs if any(r["label"] == config.label for r in compared)]
+    found, across_seeds = quality_report.comparisons(compared), quality_report.seed_comparisons(compared)
+    if args.sweep:
+        print(quality_report.sweep_table(runs, args.variants, args.lrs, describe(args), best), flush=True)
+    if compared:
+        title = "Each variant at its best peak learning rate (chosen on validation BLEU)" if args.sweep else describe(args)
+        print(quality_report.table(compared, compared_labels, found, title, across_seeds), flush=True)
     if args.figures:
         stem = Path(args.json).stem if args.json else f"quality-{args.pair}-{args.preset_name}"
-        for path in quality_report.figures(runs, labels, Path(args.figures), stem, describe(args)):
+        paths = []
+        if args.sweep:
+            beside = None
+            if args.beside:
+                other = json.loads(Path(args.beside).read_text())
+                layers = other["settings"]["layers"]
+                beside = (other["runs"], f"{layers}+{layers} layers")
+            paths.append(quality_report.sweep_figure(runs, args.variants, args.lrs, Path(args.figures), stem,
+                                                     describe(args), beside))  # fmt: skip
+        if compared:
+            paths += quality_report.figures(compared, compared_labels, Path(args.figures),
+                                            stem + ("-best" if args.sweep else ""), describe(args))  # fmt: skip
+        for path in paths:
             print(f"[quality] figure: {path}")
     if args.json:
         json_path = Path(args.json)
         quality_report.write_translations(runs, json_path.parent / json_path.stem, REPO, args.target_lang)
         for run in runs:
-            for score in run["test_sets"].values():
+            for score in quality_report.scored_sets(run).values():
                 del score["hypotheses"]  # local paths; `translations` is the committed copy
+        labels = [config.label for config in args.configs]
         result = {
             "what": describe(args),
             "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "machine": args.machine, "date": datetime.date.today().isoformat(),
             "settings": settings(args),
-            "runs": runs, "comparisons": found, "seed_comparisons": across_seeds,
+            "runs": runs, **({"best": best} if args.sweep else {}),
+            "comparisons": found, "seed_comparisons": across_seeds,
             "summary": quality_report.summary(runs, labels),
         }  # fmt: skip
         json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")

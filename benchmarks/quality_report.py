@@ -7,20 +7,23 @@ their run folders:
   (num_updates, wpb, train_wall) and the validation line (loss);
 - RUN/score/TEST_SET/scores.json and the detokenised hypotheses beside it (scripts/score.py);
 - RUN/attempts.jsonl: one line per attempt of the recipe that ended, with its wall time (an
-  attempt killed with its machine or session writes none: its time is read from train.log).
+  attempt killed with its machine or session writes none: its time is read from train.log);
+- RUN/diverged.json: where a run diverged (benchmarks/quality.py stops it there; see divergence()).
 """
 import datetime
 import gzip
 import itertools
 import json
 import logging
+import math
 import re
 import statistics
 import textwrap
 from pathlib import Path
 
 # Who is compared with whom, seed by seed: (system, baseline).
-COMPARISONS = (("realformer", "admin"), ("realformer", "post-ln"), ("admin", "post-ln"))
+COMPARISONS = (("realformer", "admin"), ("realformer", "post-ln"), ("admin", "post-ln"),
+               ("post-ln-realformer", "post-ln"))  # fmt: skip
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
 for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampling and font lookup
     logging.getLogger(_chatty).setLevel(logging.WARNING)
@@ -29,6 +32,8 @@ _FIELD = re.compile(r"\| (\w+) ([-\d.e+]+)")
 _EPOCH_LINE = re.compile(r"\| (train|valid) \| epoch (\d+) \|")
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")
 _TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation
+_INNER_LINE = re.compile(r"\| train_inner \| epoch (\d+):.*? loss=([^,\s]+),.*? num_updates=(\d+)")
+_NAN_CRASH = "FloatingPointError: gradients are Nan/Inf"  # fairseq's trainer, on a non-finite gradient norm
 
 
 def read_lines(path):
@@ -48,6 +53,53 @@ def training_log(path):
             fields = {name: float(value) for name, value in _FIELD.findall(line[match.end() - 2:])}
             (train if match.group(1) == "train" else valid)[int(match.group(2))] = fields
     return train, valid
+
+
+def divergence(run_dir):
+    """Where a training diverged, from its log; None while it has not. A run diverges when its loss
+    is NaN or infinite (fairseq-train then stops with FloatingPointError: gradients are Nan/Inf
+    before it logs the loss, and saves checkpoints/crash.pt), or when its training loss, having
+    fallen below the first epoch's mean training loss, climbs back above it: in a logged interval
+    (fairseq's train_inner line, every 50 updates) or in an epoch. (A loss that never fell, as in
+    the tests' two-epoch tiny runs, has not climbed back.) Returns the update and why."""
+    first, fell, last_update = None, False, 0  # fell: the loss has been below the first epoch's since
+    train_log = Path(run_dir) / "train.log"
+    for line in read_lines(train_log) if train_log.exists() else []:
+        inner, epoch_line = _INNER_LINE.search(line), _EPOCH_LINE.search(line)
+        if inner:
+            epoch, loss, update = int(inner.group(1)), float(inner.group(2)), int(inner.group(3))
+        elif epoch_line and epoch_line.group(1) == "train":
+            fields = {name: float(value) for name, value in _FIELD.findall(line[epoch_line.end() - 2:])}
+            epoch, update = int(epoch_line.group(2)), int(fields.get("num_updates", last_update))
+            loss = float(re.search(r"\| loss ([^\s|]+)", line).group(1))
+        elif _NAN_CRASH in line:
+            return {"update": crashed_at(Path(run_dir) / "checkpoints" / "crash.pt", last_update),
+                    "reason": "the gradients are NaN or infinite (fairseq-train stopped)"}  # fmt: skip
+        else:
+            continue
+        last_update = update
+        if not math.isfinite(loss):
+            return {"update": update, "epoch": epoch, "loss": str(loss), "reason": "the training loss is not finite"}
+        if first is not None and epoch > 1:
+            if loss > first and fell:
+                return {"update": update, "epoch": epoch, "loss": loss, "first_epoch_loss": first,
+                        "reason": "the training loss climbed back above the first epoch's"}  # fmt: skip
+            fell = fell or loss < first
+        if epoch_line and epoch == 1:
+            first = loss
+    return None
+
+
+def crashed_at(crash_checkpoint, last_logged_update):
+    """The update whose gradients were not finite: one after those crash.pt (fairseq's trainer
+    saves it then) finished; without it, one after the last update the log names."""
+    try:
+        import torch
+
+        state = torch.load(crash_checkpoint, map_location="cpu", weights_only=False)  # written by this run
+        return int(state["optimizer_history"][-1]["num_updates"]) + 1
+    except (OSError, KeyError, IndexError, RuntimeError):
+        return last_logged_update + 1
 
 
 def unrecorded_attempts(train_log, attempts):
@@ -196,7 +248,7 @@ def summary(runs, labels):
     """Per variant (label): the mean and sample standard deviation over its seeds."""
     out = {}
     for label in labels:
-        mine = [r for r in runs if r["label"] == label]
+        mine = [r for r in runs if r["label"] == label and not r.get("diverged")]
         if not mine:
             continue
         entry = {"seeds": [r["seed"] for r in mine]}
@@ -205,6 +257,8 @@ def summary(runs, labels):
         for name in mine[0]["test_sets"]:
             entry[name] = {metric: dict(zip(("mean", "std"), mean_std([r["test_sets"][name][metric] for r in mine])))
                            for metric in ("sacrebleu", "chrf", "bleu_lc")}  # fmt: skip
+        if all("val" in r for r in mine):
+            entry["val"] = {"sacrebleu": dict(zip(("mean", "std"), mean_std([r["val"]["sacrebleu"] for r in mine])))}
         out[label] = entry
     return out
 
@@ -213,11 +267,13 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
     """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons
     seed by seed and across seeds."""
     lines = [title, ""]
+    runs = [r for r in runs if not r.get("diverged")]  # listed by sweep_table
     names = list(runs[0]["test_sets"]) if runs else []
+    with_val = any("val" in r for r in runs)  # validation sacreBLEU: runs since the recipe scores it
     for name in names:
         lines += [f"**{name}** (mean ± sample std over seeds)", "",
-                  "| variant | seeds | sacreBLEU | chrF | BLEU (lowercased, 13a) | best valid loss | updates | wall (min) | tokens/s |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| variant | seeds | sacreBLEU | chrF | BLEU (lowercased, 13a) | best valid loss | updates | wall (min) | tokens/s |"
+                  + (" val BLEU |" if with_val else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" if with_val else "")]  # fmt: skip
         for label in labels:
             mine = [r for r in runs if r["label"] == label]
             if not mine:
@@ -228,6 +284,7 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
                 f"| {_cell([s['chrf'] for s in scores])} | {_cell([s['bleu_lc'] for s in scores])} "
                 f"| {_cell([r['best_valid_loss'] for r in mine], 3)} | {_cell([r['updates'] for r in mine], 0)} "
                 f"| {_cell([r['wall_s'] for r in mine], 1, 1 / 60)} | {_cell([r['tokens_per_s'] for r in mine], 0)} |"
+                + (f" {_cell([r['val']['sacrebleu'] if 'val' in r else None for r in mine])} |" if with_val else "")
             )  # fmt: skip
         first = scores[0]
         lines += ["", f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
@@ -248,12 +305,64 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
     return "\n".join(lines)
 
 
+def scored_sets(run):
+    """A run's scores by set name: its test sets, and "val" when it scored the validation set."""
+    return {**run["test_sets"], **({"val": run["val"]} if "val" in run else {})}
+
+
+def is_sweep(study):
+    """A study of several learning rates (its settings list them; the first, post-ln-only sweep
+    committed did not, and compares nothing across variants either way)."""
+    return "lrs" in study["settings"]
+
+
+def compared_runs(study):
+    """The runs a study compares across seeds: all of them; in a sweep, each variant at its best
+    rate (none when it chose none)."""
+    if not is_sweep(study):
+        return study["runs"]
+    best = study.get("best", {})
+    return [r for r in study["runs"] if r["variant"] in best and r["lr"] == best[r["variant"]]]
+
+
+def sweep_table(runs, variants, lrs, what, best=None):
+    """A learning-rate sweep as Markdown: per variant and rate, the first seed's validation and test
+    sacreBLEU and best validation loss, or where it diverged; each variant's best rate marked."""
+    test_names = next((list(r["test_sets"]) for r in runs if r["test_sets"]), [])
+    seed = min(r["seed"] for r in runs)
+    lines = [f"{what}", "", f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):", "",
+             "| variant | peak lr | val BLEU | " + " | ".join(f"{name} BLEU" for name in test_names)
+             + " | best valid loss | updates |",
+             "|---|---|---|" + "---|" * len(test_names) + "---|---|"]  # fmt: skip
+    by_key = {(r["variant"], r["lr"], r["seed"]): r for r in runs}
+    for variant in variants:
+        for lr in lrs:
+            r = by_key.get((variant, lr, seed))
+            star = " ★" if best and best.get(variant) == lr else ""
+            if r is None:
+                cells = ["not run yet"] + ["—"] * len(test_names) + ["—", "—"]
+            elif r.get("diverged"):
+                where = r["diverged"]
+                cells = [f"diverged at update {where['update']}"] + ["—"] * len(test_names) + ["—", str(where["update"])]
+            else:
+                cells = ([f"{r['val']['sacrebleu']:.2f}" if "val" in r else "—"]
+                         + [f"{r['test_sets'][name]['sacrebleu']:.2f}" for name in test_names]
+                         + [f"{r['best_valid_loss']:.3f}" if r["best_valid_loss"] is not None else "—", str(r["updates"])])  # fmt: skip
+            lines.append(f"| {variant}{star} | {lr:g} | " + " | ".join(cells) + " |")
+    diverged = [r for r in runs if r.get("diverged")]
+    if diverged:
+        lines += ["", "Diverged (stopped there, not retried): " + "; ".join(
+            f"{r['variant']} lr={r['lr']:g} seed {r['seed']} at update {r['diverged']['update']} "
+            f"({r['diverged']['reason']})" for r in diverged)]  # fmt: skip
+    return "\n".join(lines)
+
+
 def write_translations(runs, folder, repo, target_lang):
     """Each run's hypotheses, gzipped (reproducibly: no name or time in the header), into folder;
     the runs' `translations` become those paths, relative to the repository when inside it."""
     folder.mkdir(parents=True, exist_ok=True)
     for run in runs:
-        for name, score in run["test_sets"].items():
+        for name, score in scored_sets(run).items():
             run_name = run["folder"].replace("/", ".")  # e.g. post-ln.seed1, post-ln-lr0.002.seed1
             target = folder / f"{run_name}.{name}.{target_lang}.gz"
             data = "".join(f"{line}\n" for line in read_lines(score["hypotheses"])).encode("utf-8")  # also a committed .gz
@@ -315,3 +424,48 @@ def figures(runs, labels, folder, stem, what):
     fig.savefig(paths[1], dpi=120)
     plt.close(fig)
     return paths
+
+
+def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None):
+    """Test sacreBLEU against the peak learning rate, one line per variant (the first seed), diverged
+    runs marked on the axis; with *beside* (another sweep's runs and its name), its lines dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    test_name = next((list(r["test_sets"])[0] for r in runs if r["test_sets"]), None)
+    colours = dict(zip(variants, plt.get_cmap("tab10").colors))
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    marked = False
+    studies = [(runs, "-", "")] + ([(beside[0], "--", f" ({beside[1]})")] if beside else [])
+    for study_runs, style, suffix in studies:
+        seed = min((r["seed"] for r in study_runs), default=1)
+        for variant in variants:
+            mine = sorted((r for r in study_runs if r["variant"] == variant and r["seed"] == seed), key=lambda r: r["lr"])
+            scored = [r for r in mine if not r.get("diverged") and test_name in r["test_sets"]]
+            if scored:
+                ax.plot([r["lr"] for r in scored], [r["test_sets"][test_name]["sacrebleu"] for r in scored], style,
+                        marker="o", color=colours[variant], label=f"{variant}{suffix}")  # fmt: skip
+            for r in (r for r in mine if r.get("diverged")):
+                ax.scatter([r["lr"]], [0], marker="x", s=80, color=colours[variant], zorder=3,
+                           label=None if marked else "diverged (stopped)")  # fmt: skip
+                ax.annotate(f"{variant}{suffix}: update {r['diverged']['update']}", (r["lr"], 0), textcoords="offset points",
+                            xytext=(4, 6 + 10 * variants.index(variant)), fontsize=7, color=colours[variant])  # fmt: skip
+                marked = True
+    ax.set_xscale("log")
+    ticks = sorted({*lrs, *(r["lr"] for r in (beside[0] if beside else ()))})
+    ax.set_xticks(ticks, [f"{lr:g}" for lr in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=-1)
+    ax.set_xlabel("peak learning rate (log scale)")
+    ax.set_ylabel(f"test sacreBLEU ({test_name})")
+    ax.set_title(f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(what, 85)}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = folder / f"{stem}.bleu-vs-lr.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -413,9 +413,9 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
 
     # stopped as soon as one training has saved an epoch checkpoint, then run again: it resumes
     study = popen(*argv, cwd=REPO)
-    first_checkpoint = out / "realformer" / "seed1" / "checkpoints" / "checkpoint_last.pt"
-    for _ in range(3000):
-        if first_checkpoint.exists() or study.poll() is not None:
+    train_log = out / "realformer" / "seed1" / "train.log"
+    for _ in range(3000):  # fairseq logs "Saved checkpoint" once checkpoint_last.pt is written in full
+        if (train_log.exists() and "Saved checkpoint" in train_log.read_text()) or study.poll() is not None:
             break
         time.sleep(0.2)
     study.send_signal(signal.SIGTERM)  # (2 epochs: the second is still training)
@@ -446,7 +446,8 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     for r in result["runs"]:
         assert list(r["test_sets"]) == test_sets and r["updates"] > 0 and r["wall_s"] > 0 and r["tokens_per_s"] > 0
         assert len(r["valid_curve"]) == 2 and r["best_valid_loss"] == min(loss for _, loss in r["valid_curve"])
-        for name, score_ in r["test_sets"].items():
+        assert r["val"]["signature"].startswith("nrefs:1|case:mixed")  # the validation set is scored too
+        for name, score_ in {**r["test_sets"], "val": r["val"]}.items():
             assert score_["signature"].startswith("nrefs:1|case:mixed") and "case:lc" in score_["bleu_lc_signature"]
             with gzip.open(Path(REPO) / score_["translations"] if not Path(score_["translations"]).is_absolute()
                            else score_["translations"], "rt", encoding="utf-8") as f:  # fmt: skip
@@ -578,12 +579,14 @@ COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*qualit
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
 @pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)
 def test_the_committed_quality_studies_rescore_from_their_translations(path):
-    """Every run of a committed quality study: its gzipped translations, scored again against the
-    raw references, give the sacreBLEU, chrF and lowercased BLEU the JSON reports."""
+    """Every run of a committed quality study: its gzipped translations (of the test sets, and of the
+    validation set where it was scored), scored again against the raw references, give the
+    sacreBLEU, chrF and lowercased BLEU the JSON reports."""
     study = json.loads(path.read_text())
     assert study["runs"] and study["machine"] and study["date"] and study["command"].startswith("python benchmarks/quality.py")
+    report = _quality_report()
     for r in study["runs"]:
-        for name, reported in r["test_sets"].items():
+        for name, reported in report.scored_sets(r).items():  # the test sets, and the validation set when scored
             with gzip.open(Path(REPO) / reported["translations"], "rt", encoding="utf-8") as f:
                 hypotheses = f.read().splitlines()
             with gzip.open(MULTI30K / f"{name}.de.gz", "rt", encoding="utf-8") as f:
@@ -597,10 +600,11 @@ def test_the_committed_quality_studies_rescore_from_their_translations(path):
 
 @pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)
 def test_the_committed_quality_studies_across_seed_tests_follow_from_their_scores(path):
-    """The permutation tests across seeds in a committed study are those its runs' scores give (a
-    learning-rate sweep, one seed per rate, has none)."""
+    """The permutation tests across seeds in a committed study are those its runs' scores give (in a
+    learning-rate sweep, of each variant at its best rate; none where it chose none)."""
     study = json.loads(path.read_text())
-    assert study.get("seed_comparisons", []) == _quality_report().seed_comparisons(study["runs"])
+    report = _quality_report()
+    assert study.get("seed_comparisons", []) == report.seed_comparisons(report.compared_runs(study))
 
 
 def test_multi30k_names_a_missing_language_or_test_set(tmp_path):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi30k (task 1) translation with RealFormer, any two of en, de, fr, cs: joint sentencepiece
-# BPE, fairseq-preprocess, fairseq-train, average the last checkpoints, beam search on each test
-# set and sacreBLEU. Each step is skipped when its output exists; an interrupted training resumes.
+# BPE, fairseq-preprocess, fairseq-train, average the last checkpoints, beam search on the
+# validation set and each test set, and sacreBLEU. Each step is skipped when its output exists;
+# an interrupted training resumes.
 #
 #   examples/multi30k/run.sh [options] [DATA_DIR] [RUN_DIR] [-- fairseq-train flags...]
 #     --source-lang L --target-lang L   two of en, de, fr, cs (default: en -> de)
@@ -126,11 +127,14 @@ if [ -e "$ckpt/checkpoint_avg.pt" ]; then say "4/5 average: $ckpt/checkpoint_avg
     --output "$ckpt/checkpoint_avg.pt"
 fi
 
-for i in "${!sets[@]}"; do
-  name=${sets[$i]} subset=test$([ "$i" -gt 0 ] && echo "$i" || true)  # fairseq's name for it
+# the validation set too (its BLEU chooses between settings; never a test set), then each test set
+splits=(val "${sets[@]}") subsets=(valid)
+for i in "${!sets[@]}"; do subsets+=("test$([ "$i" -gt 0 ] && echo "$i" || true)"); done  # fairseq's names
+for i in "${!splits[@]}"; do
+  name=${splits[$i]} subset=${subsets[$i]}
   out=$run/score/$name
   reference=$data/$name.$tgt.gz
-  if [ -n "$lines" ]; then  # the reference of the first $lines test sentences only
+  if [ -n "$lines" ]; then  # the reference of the first $lines sentences only
     reference=$run/$name.$tgt
     gzip -dc "$data/$name.$tgt.gz" | sed -n "1,${lines}p" > "$reference"
   fi
@@ -141,8 +145,8 @@ for i in "${!sets[@]}"; do
     --beam 5 --lenpen 1.0 --output-dir "$out" ${generate[@]+"${generate[@]}"} ${precision[@]+"${precision[@]}"} > /dev/null
 done
 
-say "done in ${SECONDS}s; translations in $run/score/TEST_SET/test*.hyp.$tgt"
-for name in "${sets[@]}"; do
+say "done in ${SECONDS}s; translations in $run/score/SET/*.hyp.$tgt"
+for name in "${splits[@]}"; do
   echo "$name:"
   cat "$run/score/$name/scores.txt"
 done

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The learning-rate and depth study on Multi30k en->de (benchmarks/RESULTS.md), every step resumable:
+#   1. the sweep: five variants at peak lr 2e-3, 4e-3, 8e-3, seed 1; then seeds 2 and 3 of each
+#      variant at its best rate on validation BLEU;
+#   2. depth: the five variants at 12+12 layers, lr 2e-3 and 4e-3, seed 1;
+#   3. the post-ln-realformer rows of the 18+18 depth-stability tables (lr 3e-3 and 6e-3).
+# Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
+#
+#   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT]
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+precision=bf16 jobs=2 out=$root/runs machine="$(uname -m) CPU, $(nproc) cores"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --precision) precision=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --machine) machine=$2; shift 2 ;;
+    *) echo "lr_depth_study.sh: error: unknown option $1 (--precision, --jobs, --out, --machine)" >&2; exit 2 ;;
+  esac
+done
+case "$precision" in
+  bf16) flag=(--bf16) tag=-bf16 ;;
+  fp32) flag=() tag= ;;
+  *) echo "lr_depth_study.sh: error: --precision $precision: bf16 or fp32" >&2; exit 2 ;;
+esac
+py=${REALFORMER_VENV:-$root/.venv}/bin/python
+results=$root/benchmarks/results
+variants=post-ln,pre-ln,admin,realformer,post-ln-realformer
+say() { echo "[study $(date +%H:%M:%S)] $*"; }
+
+say "1/3 learning-rate sweep, $precision, $jobs trainings side by side, in $out/lr-sweep"
+nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --lr 2e-3,4e-3,8e-3 --seeds 1 \
+  --best-seeds 2,3 --variants $variants --jobs "$jobs" --out "$out/lr-sweep" --machine "$machine" \
+  --json "$results/cpu-quality-lr-sweep-multi30k-en-de$tag.json" --figures "$root/docs/figures/lr-sweep"
+
+say "2/3 depth: 12+12 layers in $out/depth-12"
+nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 12 --lr 2e-3,4e-3 \
+  --seeds 1 --variants $variants --jobs "$jobs" --out "$out/depth-12" --machine "$machine" \
+  --json "$results/cpu-quality-depth-12-multi30k-en-de$tag.json" --figures "$root/docs/figures/lr-sweep" \
+  --beside "$results/cpu-quality-lr-sweep-multi30k-en-de$tag.json"
+
+for lr in 3e-3 6e-3; do
+  say "3/3 depth stability, 18+18 layers, lr $lr: post-ln-realformer and a post-ln control"
+  nice -n 19 "$py" "$root/benchmarks/depth_stability.py" --variants post-ln-realformer,post-ln --lr $lr \
+    --out "$out/depth-stability-$lr" --json "$out/depth-stability-$lr.json"
+done
+say "done"
