@@ -33,11 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-USER_DIR = REPO / "fairseq_realformer"
-VENV = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
-sys.path.insert(0, str(REPO))
-from fairseq_realformer.variants import VARIANTS  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
 
 SMALL = ("--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
          "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
@@ -66,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--gen-sentences", type=int, default=200, help="test sentences translated (default: %(default)s)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP threads (default: every core)")
     p.add_argument("--quick", action="store_true", help="small models, 12 updates, 1 repeat, 40 sentences")
-    p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"), help="Multi30k folder")
+    p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
     p.add_argument("--out", default=str(REPO / "runs" / "bf16-speed"), help="work folder (default: %(default)s)")
     p.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores")
     p.add_argument("--json", help="also write the numbers here")

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fairseq_log  # noqa: E402
 import multi30k_args  # noqa: E402
-from multi30k_args import REPO, VARIANTS  # noqa: E402
+from repo import REPO, USER_DIR, VARIANTS  # noqa: E402
 
-USER_DIR = REPO / "fairseq_realformer"
 BIN = Path(sys.executable).parent
 
 
@@ -135,12 +135,9 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
     start = time.time()
     proc = subprocess.run([str(BIN / "fairseq-train"), *flags], capture_output=True, text=True)
     (out / variant / "train.log").write_text(proc.stdout + proc.stderr)
-    train, valid = [], None
-    for line in (proc.stdout + proc.stderr).splitlines():
-        if "| train_inner | " in line:
-            train.append(float(json.loads(line.split("| train_inner | ", 1)[1])["loss"]))
-        elif "| valid | " in line:
-            valid = float(json.loads(line.split("| valid | ", 1)[1])["valid_loss"])
+    stats = list(fairseq_log.records((proc.stdout + proc.stderr).splitlines(), "train_inner", "valid"))
+    train = [fields["loss"] for kind, fields in stats if kind == "train_inner"]
+    valid = next((fields["loss"] for kind, fields in reversed(stats) if kind == "valid"), None)
     stopped_on_nan = proc.returncode != 0 and ("FloatingPointError" in proc.stderr or "nan" in proc.stderr.lower())
     if proc.returncode != 0 and not stopped_on_nan:
         raise SystemExit(f"{variant}: fairseq-train failed ({proc.returncode}); see {out / variant / 'train.log'}")

@@ -1,14 +1,11 @@
 """The arguments the Multi30k benchmarks share: the data folder, the variants, a JSON file."""
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the plugin of this checkout, also when it is not installed
-from fairseq_realformer.variants import VARIANTS, parse  # noqa: E402
+from repo import MULTI30K, VARIANTS, parse_variants
 
 
 def add(parser, default_variants: str) -> None:
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "multi30k"),
+    parser.add_argument("--data", default=str(MULTI30K),
                         help="Multi30k task-1 folder (train/val/test_* .LANG.gz) (default: %(default)s)")
     parser.add_argument("--variants", default=default_variants,
                         help=f"comma list of {', '.join(VARIANTS)} (fairseq_realformer/variants.py; default: %(default)s)")
@@ -18,7 +15,7 @@ def add(parser, default_variants: str) -> None:
 def check(parser, args) -> None:
     """Turn --variants into a list; a one-line parser error for an unknown variant or data folder."""
     try:
-        args.variants = parse(args.variants)
+        args.variants = parse_variants(args.variants)
     except ValueError as e:
         parser.error(str(e))
     if not (Path(args.data) / "train.en.gz").exists():

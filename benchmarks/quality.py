@@ -73,7 +73,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import multi30k_args  # noqa: E402
 import quality_report  # noqa: E402
-from multi30k_args import REPO, VARIANTS  # noqa: E402
+from repo import REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
 UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
@@ -224,9 +224,8 @@ def updates_per_epoch(args, data_dir):
     """How many updates one epoch makes (the linear decay ends with the last epoch); cached."""
     cache = data_dir / "updates_per_epoch"
     if not cache.exists():
-        venv = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
-        cmd = [str(venv / "bin" / "python"), str(UPDATES_PER_EPOCH), str(data_dir / "bin"), "--user-dir",
-               str(REPO / "fairseq_realformer"), "--arch", RECIPE_ARCH, "--source-lang", args.source_lang,
+        cmd = [str(VENV / "bin" / "python"), str(UPDATES_PER_EPOCH), str(data_dir / "bin"), "--user-dir",
+               str(USER_DIR), "--arch", RECIPE_ARCH, "--source-lang", args.source_lang,
                "--target-lang", args.target_lang, "--max-tokens", MAX_TOKENS, "--seed", "1"]  # fmt: skip
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:

@@ -21,6 +21,8 @@ import statistics
 import textwrap
 from pathlib import Path
 
+import fairseq_log
+
 # Who is compared with whom, seed by seed: (system, baseline).
 COMPARISONS = (("realformer", "admin"), ("realformer", "post-ln"), ("admin", "post-ln"),
                ("post-ln-realformer", "post-ln"))  # fmt: skip
@@ -28,11 +30,8 @@ BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
 for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampling and font lookup
     logging.getLogger(_chatty).setLevel(logging.WARNING)
 
-_FIELD = re.compile(r"\| (\w+) ([-\d.e+]+)")
-_EPOCH_LINE = re.compile(r"\| (train|valid) \| epoch (\d+) \|")
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")
 _TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation
-_INNER_LINE = re.compile(r"\| train_inner \| epoch (\d+):.*? loss=([^,\s]+),.*? num_updates=(\d+)")
 _NAN_CRASH = "FloatingPointError: gradients are Nan/Inf"  # fairseq's trainer, on a non-finite gradient norm
 
 
@@ -46,13 +45,10 @@ def training_log(path):
 
     An epoch logged twice (an attempt killed after logging it but before saving its checkpoint,
     then run again) counts once: the last attempt's lines win."""
-    train, valid = {}, {}
-    for line in read_lines(path) if Path(path).exists() else []:
-        match = _EPOCH_LINE.search(line)
-        if match:
-            fields = {name: float(value) for name, value in _FIELD.findall(line[match.end() - 2:])}
-            (train if match.group(1) == "train" else valid)[int(match.group(2))] = fields
-    return train, valid
+    epochs = {"train": {}, "valid": {}}
+    for kind, fields in fairseq_log.records(read_lines(path) if Path(path).exists() else [], "train", "valid"):
+        epochs[kind][fields["epoch"]] = fields
+    return epochs["train"], epochs["valid"]
 
 
 def divergence(run_dir):
@@ -65,13 +61,9 @@ def divergence(run_dir):
     first, fell, last_update = None, False, 0  # fell: the loss has been below the first epoch's since
     train_log = Path(run_dir) / "train.log"
     for line in read_lines(train_log) if train_log.exists() else []:
-        inner, epoch_line = _INNER_LINE.search(line), _EPOCH_LINE.search(line)
-        if inner:
-            epoch, loss, update = int(inner.group(1)), float(inner.group(2)), int(inner.group(3))
-        elif epoch_line and epoch_line.group(1) == "train":
-            fields = {name: float(value) for name, value in _FIELD.findall(line[epoch_line.end() - 2:])}
-            epoch, update = int(epoch_line.group(2)), int(fields.get("num_updates", last_update))
-            loss = float(re.search(r"\| loss ([^\s|]+)", line).group(1))
+        kind, fields = fairseq_log.parse(line) or (None, None)
+        if kind in ("train_inner", "train"):
+            epoch, loss, update = fields["epoch"], fields["loss"], int(fields.get("num_updates", last_update))
         elif _NAN_CRASH in line:
             return {"update": crashed_at(Path(run_dir) / "checkpoints" / "crash.pt", last_update),
                     "reason": "the gradients are NaN or infinite (fairseq-train stopped)"}  # fmt: skip
@@ -85,7 +77,7 @@ def divergence(run_dir):
                 return {"update": update, "epoch": epoch, "loss": loss, "first_epoch_loss": first,
                         "reason": "the training loss climbed back above the first epoch's"}  # fmt: skip
             fell = fell or loss < first
-        if epoch_line and epoch == 1:
+        if kind == "train" and epoch == 1:
             first = loss
     return None
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import runpy
 import statistics
 import subprocess
 import sys
@@ -32,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-USER_DIR = REPO / "fairseq_realformer"
-# read as a file: importing the package would import fairseq before the memory probes' baseline
-PLUGIN_VARIANTS = runpy.run_path(str(USER_DIR / "variants.py"))["VARIANTS"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from repo import USER_DIR  # noqa: E402  (variants read as a file: fairseq is not imported yet)
+from repo import VARIANTS as PLUGIN_VARIANTS  # noqa: E402
+
 VARIANTS = {"fairseq": ["--arch", "transformer"],
             **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()}}  # fmt: skip
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"

@@ -1,7 +1,6 @@
 """Running fairseq's command-line tools and the project's scripts the way a user does, on a toy
 corpus."""
 import importlib.util
-import json
 import os
 import random
 import socket
@@ -15,6 +14,7 @@ from .helpers import REPO, USER_DIR
 
 BIN = Path(sys.executable).parent
 SCRIPTS = Path(REPO) / "scripts"
+BENCHMARKS = Path(REPO) / "benchmarks"
 N_TEST = 21  # not a multiple of 8: fairseq's batching would drop sentences without our fix
 TINY = [
     "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
@@ -108,8 +108,8 @@ def preprocess(work: Path) -> None:
 
 
 def train_losses(log: str):
-    return [float(json.loads(line.split("| train_inner | ", 1)[1])["loss"])
-            for line in log.splitlines() if "| train_inner | " in line]  # fmt: skip
+    """The training loss of every interval fairseq-train logged (benchmarks/fairseq_log.py reads it)."""
+    return [fields["loss"] for _, fields in load_script("fairseq_log", BENCHMARKS).records(log.splitlines(), "train_inner")]
 
 
 def free_port() -> int:

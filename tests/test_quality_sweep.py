@@ -4,15 +4,11 @@ there. The recipe is replaced by a fake one that writes what run.sh writes, so n
 import json
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from .cli import load_script
-from .helpers import REPO
-
-BENCHMARKS = Path(REPO) / "benchmarks"
+from .cli import BENCHMARKS, load_script
 INNER = ("2026-11-24 20:36:00 | INFO | train_inner | epoch {epoch:03d}:     50 / 132 loss={loss}, nll_loss=9.9, "
          "ppl=992.31, wps=3626.3, ups=1.05, wpb=3474.1, bsz=220.8, num_updates={updates}, lr=0.00025, gnorm=1.6")  # fmt: skip
 EPOCH = ("2026-11-24 20:37:44 | INFO | train | epoch {epoch:03d} | loss {loss} | nll_loss 10.49 | ppl 1437.7 | "
@@ -153,3 +149,23 @@ def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
         with pytest.raises(SystemExit):
             quality.parse_args(["--data", str(data), *flags])
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+
+
+def test_fairseq_log_reads_its_stats_lines_in_both_log_formats():
+    """benchmarks/fairseq_log.py, the one reader of fairseq-train's log: the same numbers from
+    --log-format simple and json, json's train_/valid_ prefixes dropped, NaN kept, other lines None."""
+    log = _load("fairseq_log")
+    simple = [INNER.format(epoch=2, loss="nan", updates=150), EPOCH.format(epoch=2, loss=8.1, updates=264),
+              "2026-11-24 20:37:50 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.9 | nll_loss 6.5 | "
+              "num_updates 264 | best_loss 7.9"]  # fmt: skip
+    json_format = ['2026-11-24 | INFO | train_inner | {"epoch": 2, "update": 1.136, "loss": "nan", "num_updates": "150"}',
+                   '2026-11-24 | INFO | train | {"epoch": 2, "train_loss": "8.1", "train_num_updates": "264"}',
+                   '2026-11-24 | INFO | valid | {"epoch": 2, "valid_loss": "7.9", "valid_num_updates": "264"}']  # fmt: skip
+    for lines in (simple, json_format):
+        (inner_kind, inner), (epoch_kind, epoch), (valid_kind, valid) = log.records(lines)
+        assert (inner_kind, epoch_kind, valid_kind) == ("train_inner", "train", "valid")
+        assert inner["loss"] != inner["loss"] and inner["num_updates"] == 150 and inner["epoch"] == 2  # NaN
+        assert (epoch["loss"], epoch["num_updates"], epoch["epoch"]) == (8.1, 264, 2)
+        assert (valid["loss"], valid["num_updates"], valid["epoch"]) == (7.9, 264, 2)
+    assert log.parse("2026-11-24 | INFO | fairseq.trainer | Saved checkpoint") is None
+    assert list(log.records(simple, "valid")) == [log.parse(simple[2])]

@@ -1,7 +1,6 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
 import ast
 import gzip
-import importlib.util
 import json
 import re
 import shlex
@@ -16,7 +15,7 @@ import torch
 
 from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
 
-from .cli import N_TEST, SCRIPTS, cli_error, load_script, popen, run
+from .cli import BENCHMARKS, N_TEST, SCRIPTS, cli_error, load_script, popen, run
 from .helpers import REPO, build_model, parse_args
 from .test_compat import FIXTURES
 
@@ -478,9 +477,7 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
 def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     """--lr with several rates: every variant at every rate, each in its own folder and row; the
     preset's settings otherwise; a bad rate is one line."""
-    spec = importlib.util.spec_from_file_location("quality", Path(REPO) / "benchmarks" / "quality.py")
-    quality = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quality)
+    quality = load_script("quality", BENCHMARKS)
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
@@ -567,10 +564,7 @@ def test_the_permutation_test_across_seeds_counts_every_split_of_the_seeds():
 
 
 def _quality_report():
-    spec = importlib.util.spec_from_file_location("quality_report", Path(REPO) / "benchmarks" / "quality_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    return report
+    return load_script("quality_report", BENCHMARKS)
 
 
 COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de*.json"))

@@ -1,0 +1,16 @@
+"""What every benchmark takes from this checkout: where the repository, the plugin and the virtual
+environment are, and the named variants (fairseq_realformer/variants.py, read as a file: importing
+the package would import fairseq, and speed.py's memory probes measure from before that)."""
+import os
+import runpy
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = REPO / "fairseq_realformer"
+VENV = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"  # the default --data
+_variants = runpy.run_path(str(USER_DIR / "variants.py"))
+VARIANTS, parse_variants = _variants["VARIANTS"], _variants["parse"]
+if str(REPO) not in sys.path:  # the plugin of this checkout, also when it is not installed
+    sys.path.insert(0, str(REPO))
