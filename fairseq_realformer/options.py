@@ -16,9 +16,7 @@ from typing import FrozenSet, Optional
 from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
 from .modules.backbones import BACKBONES
-
-# The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
-PATHS = ("encoder", "decoder", "cross")
+from .modules.sublayers import PATHS  # the names --residual-attention-paths takes: encoder, decoder, cross
 MODES = ("sum", "mean")
 VALUE_MIXES = ("half", "learned")
 ADMIN_INITS = ("closed-form", "profile")

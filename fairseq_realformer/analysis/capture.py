@@ -15,6 +15,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
+from ..modules.sublayers import ATTENTION_BY_PATH
 
 # The three attention types of an encoder-decoder, by the name of their score path (options.PATHS).
 PATH_TITLES = {
@@ -36,10 +37,10 @@ def attention_modules(model: nn.Module) -> Dict[str, List[MultiheadAttention]]:
         raise RealformerConfigError(
             f"{kind} has no Transformer encoder and decoder layers to read attention from"
         )
+    stacks = {"encoder": encoder_layers, "decoder": decoder_layers}
     modules = {
-        "encoder": [getattr(layer, "self_attn", None) for layer in encoder_layers],
-        "decoder": [getattr(layer, "self_attn", None) for layer in decoder_layers],
-        "cross": [getattr(layer, "encoder_attn", None) for layer in decoder_layers],
+        path: [getattr(layer, sublayer.name, None) for layer in stacks[side]]
+        for path, (side, sublayer) in ATTENTION_BY_PATH.items()
     }
     for path, found in modules.items():
         if not all(isinstance(m, MultiheadAttention) for m in found):

@@ -3,13 +3,16 @@ attention path hands on.
 
 A layer reads its backbone's entry (``backbones``) for how each residual sublayer joins its input
 and branch, where its LayerNorms are, what it initialises and whether a stack-level stream runs
-beside x; which backbone, which score paths and which running-mean mode come from the model's
-``RealformerOptions``. On a residual-attention path a layer takes what the previous layer on that
-path carried and returns its own (see ``residual_attention``); off the path it uses fairseq's own
-attention module, fused SDPA path included, so a path that is switched off costs nothing.
+beside x; which sublayers it has, their LayerNorms and their score paths come from the
+vocabulary table (``sublayers``); which backbone, which score paths and which running-mean mode
+from the model's ``RealformerOptions``. On a residual-attention path a layer takes what the
+previous layer on that path carried and returns its own (see ``residual_attention``); off the
+path it uses fairseq's own attention module, fused SDPA path included, so a path that is
+switched off costs nothing.
 """
+from collections import namedtuple
 from functools import partial
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, Optional
 
 import torch
 from fairseq.modules.transformer_layer import (
@@ -20,20 +23,21 @@ from torch import Tensor, nn
 
 from .backbones import BACKBONES
 from .residual_attention import Carried, ResidualMultiheadAttention
+from .sublayers import (
+    CROSS_ATTENTION,
+    DECODER_SELF_ATTENTION,
+    ENCODER_SELF_ATTENTION,
+    FFN,
+    PATHS,
+    SUBLAYERS,
+    Sublayer,
+)
 
-# The residual sublayers of a layer, in the order they run.
-SUBLAYERS = {"encoder": ("self_attn", "ffn"), "decoder": ("self_attn", "encoder_attn", "ffn")}
-
-
-class Carry(NamedTuple):
-    """What a layer hands the next besides x: what each attention path carries, keyed by path
-    (a path that carries nothing keeps ``Carried()``), and the backbone's stack-level stream
-    (ResiDual's d; None on the other backbones)."""
-
-    encoder: Carried = Carried()
-    decoder: Carried = Carried()
-    cross: Carried = Carried()
-    stream: Optional[Tensor] = None
+# What a layer hands the next besides x: what each attention path carries, one field per path of
+# ``sublayers.PATHS`` (``carry.encoder``, ``carry.decoder``, ``carry.cross``; a path that carries
+# nothing keeps ``Carried()``), and ``carry.stream``, the backbone's stack-level stream (ResiDual's
+# d; None on the other backbones).
+Carry = namedtuple("Carry", (*PATHS, "stream"), defaults=(*(Carried(),) * len(PATHS), None))
 
 
 @torch.no_grad()
@@ -54,39 +58,48 @@ class _Backbone:
     # the join's weight on a backbone without a trainable one (DeepNorm's α; 1.0 otherwise)
     residual_alpha = 1.0
 
+    # The per-sublayer join weights (``Sublayer.parameter``), made by ``_init_backbone`` on the
+    # backbones that have one: ADMIN's per-channel ω, ReZero's scalar α. Declared here (without a
+    # class value, which would hide the registered parameter) so that their names can be found.
+    self_attn_omega: nn.Parameter
+    encoder_attn_omega: Optional[nn.Parameter]  # None in a decoder layer without cross-attention
+    ffn_omega: nn.Parameter
+    self_attn_resweight: nn.Parameter
+    encoder_attn_resweight: nn.Parameter
+    ffn_resweight: nn.Parameter
+
     def _init_backbone(self, cfg, side: str, sublayers) -> None:
         """The backbone's parameters and initialisation, after fairseq built the *sublayers*:
-        its per-sublayer weights (``<sublayer>_omega``, ``<sublayer>_resweight``), no LayerNorms
-        for a backbone without them, then its own initialisation of the layer."""
+        its per-sublayer weights (declared above), no LayerNorms for a backbone without them,
+        then its own initialisation of the layer."""
         self.backbone = backbone = BACKBONES[self.options.backbone]
         weight = backbone.weight
-        for sublayer in sublayers:
-            if weight is not None:
-                layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-                shape = (self.embed_dim,) if weight.per_channel else (1,)
-                value = weight.initial(self.options, layers, side)
-                setattr(self, f"{sublayer}_{weight.name}", nn.Parameter(torch.full(shape, float(value))))
+        if weight is not None:
+            layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
+            shape = (self.embed_dim,) if weight.per_channel else (1,)
+            value = weight.initial(self.options, layers, side)
+            for sublayer in sublayers:
+                setattr(self, sublayer.parameter(weight.name), nn.Parameter(torch.full(shape, float(value))))
         self.normalize_after = backbone.layer_norm == "after"
         if backbone.layer_norm is None:
-            self.self_attn_layer_norm = self.final_layer_norm = None
-            if side == "decoder":
-                self.encoder_attn_layer_norm = None
+            for sublayer in SUBLAYERS[side]:
+                setattr(self, sublayer.layer_norm, None)
         if backbone.init_layer is not None:
             backbone.init_layer(self, cfg, side)
 
     def sublayer_omegas(self):
         """ADMIN's ω in the order the sublayers run (None where a layer has none)."""
-        return [getattr(self, f"{sublayer}_omega", None) for sublayer in SUBLAYERS[self.side]]
+        return [getattr(self, sublayer.parameter("omega"), None) for sublayer in SUBLAYERS[self.side]]
 
-    def _weight(self, sublayer: str):
+    def _weight(self, sublayer: Sublayer):
         """The sublayer's join weight: trainable (ADMIN's ω, ReZero's α), else ``residual_alpha``."""
         weight = self.backbone.weight
-        return getattr(self, f"{sublayer}_{weight.name}") if weight is not None else self.residual_alpha
+        return getattr(self, sublayer.parameter(weight.name)) if weight is not None else self.residual_alpha
 
-    def _residual_attention(self, cfg, path: str, embed_dim: int, heads: int, build_fairseqs, **kwargs):
-        """The attention module of a sublayer on *path*: ours where the path carries scores or
-        values, else fairseq's own, built by *build_fairseqs* (its layer's build method)."""
-        options = self.options
+    def _residual_attention(self, cfg, sublayer: Sublayer, embed_dim: int, heads: int, build_fairseqs, **kwargs):
+        """The attention module of *sublayer*: ours where its path carries scores or values, else
+        fairseq's own, built by *build_fairseqs* (its layer's build method)."""
+        options, path = self.options, sublayer.path
         if path not in options.paths | options.value_paths:
             return build_fairseqs()
         value_mix = options.value_mix if path in options.value_paths else None
@@ -106,7 +119,7 @@ class _Backbone:
     def _pre(self, x: Tensor, layer_norm: Optional[nn.Module]) -> Tensor:
         return layer_norm(x) if self.normalize_before else x
 
-    def _post(self, x: Tensor, residual: Tensor, sublayer: str, layer_norm: Optional[nn.Module], carry: Carry):
+    def _post(self, x: Tensor, residual: Tensor, sublayer: Sublayer, layer_norm: Optional[nn.Module], carry: Carry):
         """Dropout on the branch, the backbone's join with the residual, LayerNorm after it; the
         branch also joins the stack-level stream if the backbone has one. Returns (x, carry)."""
         x = self.dropout_module(x)
@@ -118,30 +131,30 @@ class _Backbone:
         x = self.backbone.join(x, residual, weight)
         return (layer_norm(x) if self.normalize_after else x), carry
 
-    def _attention_sublayer(self, x: Tensor, sublayer: str, path: str, carry: Carry, depth: int,
+    def _attention_sublayer(self, x: Tensor, sublayer: Sublayer, carry: Carry, depth: int,
                             key_value: Optional[Tensor] = None, **kwargs):  # fmt: skip
-        """One attention sublayer ("self_attn" or "encoder_attn") on score *path*, pre → attend
-        → post. Self-attention when *key_value* is None. Returns (x, attention weights if asked
-        for, *carry* with what this path hands on)."""
-        attention, layer_norm = getattr(self, sublayer), getattr(self, f"{sublayer}_layer_norm")
+        """One attention sublayer on its score path, pre → attend → post. Self-attention when
+        *key_value* is None. Returns (x, attention weights if asked for, *carry* with what this
+        path hands on)."""
+        attention, layer_norm = getattr(self, sublayer.name), getattr(self, sublayer.layer_norm)
         residual = x
         x = self._pre(x, layer_norm)
         key_value = x if key_value is None else key_value
         if isinstance(attention, ResidualMultiheadAttention):
             x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs,
-                                            carried=getattr(carry, path), depth=depth)  # fmt: skip
-            carry = carry._replace(**{path: carried})
+                                            carried=getattr(carry, sublayer.path), depth=depth)  # fmt: skip
+            carry = carry._replace(**{sublayer.path: carried})
         else:  # fairseq's own module: this path carries nothing
             x, weights = attention(query=x, key=key_value, value=key_value, **kwargs)
         x, carry = self._post(x, residual, sublayer, layer_norm, carry)
         return x, weights, carry
 
     def _feed_forward(self, x: Tensor, carry: Carry):
-        residual = x
-        x = self._pre(x, self.final_layer_norm)
+        residual, layer_norm = x, getattr(self, FFN.layer_norm)
+        x = self._pre(x, layer_norm)
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         x = self.fc2(x)
-        return self._post(x, residual, "ffn", self.final_layer_norm, carry)
+        return self._post(x, residual, FFN, layer_norm, carry)
 
 
 class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
@@ -158,7 +171,7 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg):
         return self._residual_attention(
-            cfg, "encoder", embed_dim, cfg.encoder.attention_heads,
+            cfg, ENCODER_SELF_ATTENTION, embed_dim, cfg.encoder.attention_heads,
             partial(super().build_self_attention, embed_dim, cfg),
             self_attention=True, xformers_att_config=cfg.encoder.xformers_att_config,
         )  # fmt: skip
@@ -177,7 +190,7 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
                 attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
             )
         x, _, carry = self._attention_sublayer(
-            x, "self_attn", "encoder", carry, depth,
+            x, ENCODER_SELF_ATTENTION, carry, depth,
             key_padding_mask=encoder_padding_mask, need_weights=False, attn_mask=attn_mask,
         )  # fmt: skip
         return self._feed_forward(x, carry)
@@ -194,14 +207,14 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         # read by the build_* methods during fairseq's __init__; index: the layer's, from 0
         self.options, self.side, self.index = options, "decoder", index
         super().__init__(cfg, no_encoder_attn)
-        sublayers = [s for s in SUBLAYERS["decoder"] if not (no_encoder_attn and s == "encoder_attn")]
+        sublayers = [s for s in SUBLAYERS["decoder"] if not (no_encoder_attn and s is CROSS_ATTENTION)]
         self._init_backbone(cfg, "decoder", sublayers)
         if no_encoder_attn:
             self.encoder_attn_omega = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         return self._residual_attention(
-            cfg, "decoder", embed_dim, cfg.decoder.attention_heads,
+            cfg, DECODER_SELF_ATTENTION, embed_dim, cfg.decoder.attention_heads,
             partial(super().build_self_attention, embed_dim, cfg, add_bias_kv, add_zero_attn),
             add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, self_attention=True,
             xformers_att_config=cfg.decoder.xformers_att_config,
@@ -209,7 +222,7 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
 
     def build_encoder_attention(self, embed_dim, cfg):
         return self._residual_attention(
-            cfg, "cross", embed_dim, cfg.decoder.attention_heads,
+            cfg, CROSS_ATTENTION, embed_dim, cfg.decoder.attention_heads,
             partial(super().build_encoder_attention, embed_dim, cfg),
             kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
             xformers_att_config=cfg.encoder.xformers_att_config,
@@ -232,14 +245,14 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         probabilities when asked for), carry what this layer hands the next."""
         need_attn = need_attn or need_head_weights
         x, _, carry = self._attention_sublayer(
-            x, "self_attn", "decoder", carry, depth,
+            x, DECODER_SELF_ATTENTION, carry, depth,
             key_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
             need_weights=False, attn_mask=self_attn_mask,
         )  # fmt: skip
         attn = None
         if self.encoder_attn is not None and encoder_out is not None:
             x, attn, carry = self._attention_sublayer(
-                x, "encoder_attn", "cross", carry, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
+                x, CROSS_ATTENTION, carry, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state, static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn), need_head_weights=need_head_weights,
             )  # fmt: skip
