@@ -1,11 +1,13 @@
 """Hand on the per-head attention probabilities that every attention layer of a model used.
 
-Works on fairseq's ``MultiheadAttention`` (stock ``transformer`` models, and this plugin's layers
-whose residual path is off) and on the plugin's ``ResidualMultiheadAttention`` (a subclass that
-returns ``(output, weights, scores)``). Each layer is asked for per-head weights through a
-forward pre-hook that rewrites the keyword arguments its encoder or decoder layer passes
-(``need_weights``, ``need_head_weights``); a forward hook hands ``output[1]`` on as soon as the
-layer has run, so no more than one layer's probabilities need to be kept at a time.
+Works on every subclass of fairseq's ``MultiheadAttention``: fairseq's own (stock ``transformer``
+models), which returns ``(output, weights)``, and the plugin's two, ``ResidualMultiheadAttention``
+and ``PlainMultiheadAttention`` (fairseq's on a path that carries nothing), which return
+``Attended(output, weights, carried)``: the weights come second in both. Each layer is asked for
+per-head weights through a forward pre-hook that rewrites the keyword arguments its encoder or
+decoder layer passes (``need_weights``, ``need_head_weights``); a forward hook hands those weights
+on as soon as the layer has run, so no more than one layer's probabilities need to be kept at a
+time.
 
 Nothing else changes: the model computes what it computes without the recorder (tested).
 """
@@ -93,7 +95,7 @@ class AttentionRecorder:
 
     def _recorder(self, path: str, layer: int):
         def record(module, inputs, output):
-            weights = output[1]
+            weights = output[1]  # fairseq's (output, weights) and the plugin's Attended alike
             if weights is None or weights.dim() != 4 or weights.size(0) != module.num_heads:
                 raise RealformerConfigError(
                     f"{PATH_TITLES[path]} layer {layer + 1} ({type(module).__name__}) did not return "

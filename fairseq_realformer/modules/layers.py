@@ -5,13 +5,13 @@ A layer reads its backbone's entry (``backbones``) for how each residual sublaye
 and branch, where its LayerNorms are, what it initialises and whether a stack-level stream runs
 beside x; which sublayers it has, their LayerNorms and their score paths come from the
 vocabulary table (``sublayers``); which backbone, which score paths and which running-mean mode
-from the model's ``RealformerOptions``. On a residual-attention path a layer takes what the
-previous layer on that path carried and returns its own (see ``residual_attention``); off the
-path it uses fairseq's own attention module, fused SDPA path included, so a path that is
-switched off costs nothing.
+from the model's ``RealformerOptions``. Every attention sublayer takes what the previous layer on
+its path carried and hands on its own, by the path's name (``Carry``): on a residual-attention
+path through ``ResidualMultiheadAttention``; off the path through ``PlainMultiheadAttention``,
+fairseq's own module (fused SDPA path included, so a path that is switched off costs nothing),
+which carries nothing. Both answer ``Attended``.
 """
 from collections import namedtuple
-from functools import partial
 from typing import Dict, Optional
 
 import torch
@@ -22,7 +22,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from .backbones import BACKBONES
-from .residual_attention import Carried, ResidualMultiheadAttention
+from .residual_attention import Carried, PlainMultiheadAttention, ResidualMultiheadAttention
 from .sublayers import (
     CROSS_ATTENTION,
     DECODER_SELF_ATTENTION,
@@ -96,12 +96,16 @@ class _Backbone:
         weight = self.backbone.weight
         return getattr(self, sublayer.parameter(weight.name)) if weight is not None else self.residual_alpha
 
-    def _residual_attention(self, cfg, sublayer: Sublayer, embed_dim: int, heads: int, build_fairseqs, **kwargs):
+    def _build_attention(self, cfg, sublayer: Sublayer, embed_dim: int, heads: int, **kwargs):
         """The attention module of *sublayer*: ours where its path carries scores or values, else
-        fairseq's own, built by *build_fairseqs* (its layer's build method)."""
+        fairseq's own (``PlainMultiheadAttention``). Either is built with the arguments of
+        fairseq's build method for that sublayer (*kwargs*, and the three it takes from *cfg* and
+        the layer), so that its parameters and their initialisation are fairseq's."""
         options, path = self.options, sublayer.path
+        kwargs.update(dropout=cfg.attention_dropout, q_noise=self.quant_noise,
+                      qn_block_size=self.quant_noise_block_size)  # fmt: skip
         if path not in options.paths | options.value_paths:
-            return build_fairseqs()
+            return PlainMultiheadAttention(embed_dim, heads, **kwargs)
         value_mix = options.value_mix if path in options.value_paths else None
         return ResidualMultiheadAttention(
             embed_dim,
@@ -110,9 +114,6 @@ class _Backbone:
             running_mean=options.running_mean,
             value_mix=value_mix,
             value_gate=value_mix == "learned" and self.index > 0,  # layer 1's values are V_1 itself
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
             **kwargs,
         )
 
@@ -140,12 +141,9 @@ class _Backbone:
         residual = x
         x = self._pre(x, layer_norm)
         key_value = x if key_value is None else key_value
-        if isinstance(attention, ResidualMultiheadAttention):
-            x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs,
-                                            carried=getattr(carry, sublayer.path), depth=depth)  # fmt: skip
-            carry = carry._replace(**{sublayer.path: carried})
-        else:  # fairseq's own module: this path carries nothing
-            x, weights = attention(query=x, key=key_value, value=key_value, **kwargs)
+        x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs,
+                                        carried=getattr(carry, sublayer.path), depth=depth)  # fmt: skip
+        carry = carry._replace(**{sublayer.path: carried})
         x, carry = self._post(x, residual, sublayer, layer_norm, carry)
         return x, weights, carry
 
@@ -170,9 +168,9 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
         self._init_backbone(cfg, "encoder", SUBLAYERS["encoder"])
 
     def build_self_attention(self, embed_dim, cfg):
-        return self._residual_attention(
+        # fairseq's arguments (TransformerEncoderLayerBase.build_self_attention), our module
+        return self._build_attention(
             cfg, ENCODER_SELF_ATTENTION, embed_dim, cfg.encoder.attention_heads,
-            partial(super().build_self_attention, embed_dim, cfg),
             self_attention=True, xformers_att_config=cfg.encoder.xformers_att_config,
         )  # fmt: skip
 
@@ -213,17 +211,18 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
             self.encoder_attn_omega = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return self._residual_attention(
+        # fairseq's arguments (TransformerDecoderLayerBase.build_self_attention; self-attention
+        # only: --cross-self-attention is refused by options), our module
+        return self._build_attention(
             cfg, DECODER_SELF_ATTENTION, embed_dim, cfg.decoder.attention_heads,
-            partial(super().build_self_attention, embed_dim, cfg, add_bias_kv, add_zero_attn),
             add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, self_attention=True,
             xformers_att_config=cfg.decoder.xformers_att_config,
         )  # fmt: skip
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return self._residual_attention(
+        # fairseq's arguments (TransformerDecoderLayerBase.build_encoder_attention), our module
+        return self._build_attention(
             cfg, CROSS_ATTENTION, embed_dim, cfg.decoder.attention_heads,
-            partial(super().build_encoder_attention, embed_dim, cfg),
             kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
             xformers_att_config=cfg.encoder.xformers_att_config,
         )  # fmt: skip
