@@ -5,7 +5,7 @@ and every fairseq load (fairseq-generate, fairseq-interactive, ``--restore-file`
 fails on the ``argparse.Namespace`` that fairseq stores with the model. Instead of turning the
 protection off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), the plugin allows exactly the globals
 fairseq checkpoints contain, only while a checkpoint is loaded: ``guarded`` wraps a loader
-(``fairseq_patches`` wraps fairseq's with it), ``read_checkpoint`` is the loader of our own
+(``fairseq_patches`` wraps fairseq's loaders with it), ``read_checkpoint`` is the loader of our own
 scripts. Anything else is refused with a message that names the global and says how a user who
 trusts the file opts in.
 
@@ -15,6 +15,10 @@ interrupted save or copy, not written by ``torch.save``, or a torch file without
 the error that torch or fairseq happens to raise deep inside (``EOFError``, ``KeyError: 101``, a zip
 reader's message). A file that fairseq's loader accepts is never refused: the guard asks of what
 it returns only what that loader's callers read.
+
+Every diagnosis of a checkpoint file is here: the loaders' (``guarded``), and the messages and
+paths with which ``fairseq_fixes`` names a checkpoint that fairseq's entry points were told to load
+and that does not exist (``missing``, ``restore_file_path``).
 """
 import argparse
 import functools
@@ -83,9 +87,26 @@ def allowed_globals() -> List[object]:
     return [argparse.Namespace, *_numpy_globals(), *_user_allowed_globals()]
 
 
-def missing(path) -> MissingCheckpointError:
-    """The error for a checkpoint path where there is no file."""
-    return MissingCheckpointError(f"{path}: no such checkpoint file")
+# fairseq-train's --restore-file when none is given: the save dir's last checkpoint
+DEFAULT_RESTORE_FILE = "checkpoint_last.pt"
+
+
+def restore_file_path(restore_file: str, save_dir: str, suffix: Optional[str]) -> str:
+    """The file fairseq-train resumes from, worked out as fairseq's
+    ``checkpoint_utils.load_checkpoint`` does: the default name in the save dir, any other
+    ``--restore-file`` as given, the checkpoint *suffix* (``--checkpoint-suffix``, and the shard's
+    with sharded models) before its '.pt'."""
+    suffix = suffix or ""
+    if restore_file == DEFAULT_RESTORE_FILE:
+        return os.path.join(save_dir, f"checkpoint_last{suffix}.pt")
+    return restore_file.replace(".pt", suffix + ".pt")
+
+
+def missing(path, flag: Optional[str] = None, note: Optional[str] = None) -> MissingCheckpointError:
+    """The error for a checkpoint path where there is no file; *flag*: the command-line flag that
+    named it; *note*: what fairseq would have done instead."""
+    named = f"{flag} {path}" if flag else f"{path}"
+    return MissingCheckpointError(f"{named}: no such checkpoint file" + (f" ({note})" if note else ""))
 
 
 def _file_damage(path) -> Optional[RealformerConfigError]:

@@ -13,11 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import FrozenSet, Optional
 
+from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
 from .modules.backbones import BACKBONES
-
-# The three separate score paths of an encoder-decoder (RealFormer, Section 3 / NMT setup).
-PATHS = ("encoder", "decoder", "cross")
+from .modules.sublayers import PATHS  # the names --residual-attention-paths takes: encoder, decoder, cross
 MODES = ("sum", "mean")
 VALUE_MIXES = ("half", "learned")
 ADMIN_INITS = ("closed-form", "profile")
@@ -115,10 +114,10 @@ def _loads_a_checkpoint(args) -> bool:
     """fairseq-train will start from a checkpoint: ``--restore-file`` (by default
     SAVE_DIR/checkpoint_last.pt) exists, or ``--finetune-from-model`` is given."""
     restore = getattr(args, "restore_file", None)
-    if restore == "checkpoint_last.pt":
-        restore = os.path.join(getattr(args, "save_dir", "checkpoints"), restore)
-    suffix = getattr(args, "checkpoint_suffix", None) or ""
-    resumes = restore is not None and os.path.isfile(restore.replace(".pt", suffix + ".pt"))
+    if restore is not None:
+        save_dir, suffix = getattr(args, "save_dir", "checkpoints"), getattr(args, "checkpoint_suffix", None)
+        restore = restore_file_path(restore, save_dir, suffix)
+    resumes = restore is not None and os.path.isfile(restore)
     return resumes or bool(getattr(args, "finetune_from_model", None))
 
 

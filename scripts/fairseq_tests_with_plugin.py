@@ -3,18 +3,20 @@
 
 Loaded (``--user-dir`` imports it), the plugin changes fairseq for the whole process; it is meant
 to change nothing for fairseq's own models. fairseq's test suite, which we did not write, is the
-check: run it three ways and see which tests the plugin turns from passing to failing.
+check: run it four ways and see which tests the plugin turns from passing to failing.
 
     python scripts/fairseq_tests_with_plugin.py /path/to/fairseq-checkout            # 15 files
     python scripts/fairseq_tests_with_plugin.py /path/to/fairseq-checkout tests/test_train.py
 
 The checkout needs fairseq's ``tests/`` and ``scripts/`` (its tests import both); the fairseq
-that runs is the installed one. The three columns:
+that runs is the installed one. The four columns:
 
 - ``fairseq``: fairseq alone. Under torch >= 2.6 its checkpoint tests fail on ``weights_only``;
 - ``fairseq, weights_only off``: fairseq alone with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which
   shows what those tests do once they can unpickle;
-- ``plugin``: ``import fairseq_realformer`` first, as ``--user-dir`` does.
+- ``plugin``: ``import fairseq_realformer`` first, as ``--user-dir`` does;
+- ``plugin, fixes off``: the same with ``REALFORMER_FAIRSEQ_FIXES=0``: what the model needs from
+  fairseq (``fairseq_patches``) without the plugin's fixes of fairseq's defects (``fairseq_fixes``).
 
 Prints one row per file (passed/failed/skipped) and every test whose result differs between the
 columns; the pytest output and JUnit XML of each column go to --out.
@@ -44,7 +46,10 @@ COLUMNS = {  # name: (python -c code or None for -m pytest, extra environment)
     "fairseq": (None, {}),
     "fairseq, weights_only off": (None, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),
     "plugin": (WITH_PLUGIN, {}),
+    "plugin, fixes off": (WITH_PLUGIN, {"REALFORMER_FAIRSEQ_FIXES": "0"}),
 }
+# what a caller's environment may set that would blur the columns: each column sets its own
+OVERRIDES = ("TORCH_FORCE", "REALFORMER_FAIRSEQ_FIXES")
 
 
 def run_column(name, checkout, files, out):
@@ -55,8 +60,7 @@ def run_column(name, checkout, files, out):
     entry = ["-c", code] if code else ["-m", "pytest"]
     command = [sys.executable, *entry, "-p", "no:cacheprovider", "-q", "-rfE", f"--junitxml={xml}", *files]
     print(f"[fairseq-tests] {name}: pytest {' '.join(files)} (output in {log_path})", flush=True)
-    # the caller's own torch.load overrides would blur the columns: each column sets its own
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(OVERRIDES)}
     with open(log_path, "w") as log:
         subprocess.run(command, cwd=checkout, stdout=log, stderr=subprocess.STDOUT,
                        env={**base, "OMP_NUM_THREADS": "1", **env})  # fmt: skip

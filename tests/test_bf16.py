@@ -149,7 +149,7 @@ def test_the_vocabulary_log_softmax_from_bf16_is_fairseqs_bit_for_bit():
     from fairseq import utils
     from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-    from fairseq_realformer.fairseq_patches import MARKER
+    from fairseq_realformer.patching import MARKER
 
     assert getattr(utils.log_softmax, MARKER, False), "fairseq's decoders call the plugin's log_softmax"
     torch.manual_seed(0)

@@ -1,5 +1,6 @@
-"""The plugin's changes to fairseq: installed once, each where fairseq's callers look it up, and a
-patch whose call site fairseq changed fails loudly instead of silently doing nothing."""
+"""The plugin's changes to fairseq (``fairseq_patches``, what the model needs, and ``fairseq_fixes``,
+fairseq's defects): installed once, each where fairseq's callers look it up, and a patch whose call
+site fairseq changed fails loudly instead of silently doing nothing."""
 import sys
 import time
 import types
@@ -17,7 +18,9 @@ from fairseq.logging import meters, metrics
 from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
-from fairseq_realformer import fairseq_patches
+from fairseq_realformer import fairseq_fixes, fairseq_patches
+from fairseq_realformer.fairseq_fixes.wall_clock import restart_wall_clock
+from fairseq_realformer.patching import MARKER, patch
 
 from .cli import SCRIPTS, run
 
@@ -50,8 +53,9 @@ def patched_attributes():
 
 def test_every_patch_is_installed_once():
     patched = patched_attributes()
-    assert all(getattr(f, fairseq_patches.MARKER, False) for f in patched)
+    assert all(getattr(f, MARKER, False) for f in patched)
     fairseq_patches.install()  # a second import of the plugin
+    fairseq_fixes.install()
     assert patched_attributes() == patched
     assert data_utils.batch_by_size.__wrapped__.__name__ == "batch_by_size"  # wraps fairseq's, not ours
 
@@ -62,12 +66,12 @@ def test_a_call_site_that_no_longer_calls_the_patched_function_fails_loudly():
     caller_globals = {"fake_fairseq_module": fairseq_module}
     still_calls = eval("lambda path: fake_fairseq_module.load(path)", caller_globals)
     imported_it_directly = eval("lambda path: load(path)", {"load": fairseq_module.load})
-    fairseq_patches._patch(fairseq_module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[still_calls])
+    patch(fairseq_module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[still_calls])
     assert still_calls("x") == "x!"
     with pytest.raises(ImportError, match="no longer calls fake_fairseq_module.load"):
-        fairseq_patches._patch(fairseq_module, "load", lambda f: f, call_sites=[imported_it_directly])
+        patch(fairseq_module, "load", lambda f: f, call_sites=[imported_it_directly])
     with pytest.raises(ImportError, match="fake_fairseq_module.gone no longer exists"):
-        fairseq_patches._patch(fairseq_module, "gone", lambda f: f, call_sites=[])
+        patch(fairseq_module, "gone", lambda f: f, call_sites=[])
 
 
 def test_call_sites_that_import_the_module_inside_or_call_the_class_are_recognised(monkeypatch):
@@ -77,14 +81,13 @@ def test_call_sites_that_import_the_module_inside_or_call_the_class_are_recognis
     module.load, package.fairseq_module = (lambda path: path), module
     monkeypatch.setitem(sys.modules, "fake_package", package)
     monkeypatch.setitem(sys.modules, "fake_package.fairseq_module", module)
-    fairseq_patches._patch(module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[_imports_the_module_inside])
+    patch(module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[_imports_the_module_inside])
     assert _imports_the_module_inside("x") == "x!"
 
-    fairseq_patches._patch(_Built, "__init__", lambda init: (lambda self: setattr(self, "how", "patched")),
-                           call_sites=[_builds])  # fmt: skip
+    patch(_Built, "__init__", lambda init: (lambda self: setattr(self, "how", "patched")), call_sites=[_builds])
     assert _builds().how == "patched"
     with pytest.raises(ImportError, match="_does_not_build no longer calls _Built.__init__"):
-        fairseq_patches._patch(_Built, "__init__", lambda init: init, call_sites=[_does_not_build])
+        patch(_Built, "__init__", lambda init: init, call_sites=[_does_not_build])
 
 
 def _imports_the_module_inside(path):
@@ -137,7 +140,7 @@ def test_a_resumed_runs_wall_clock_runs_again(restart):
                     meter.reset()
             return "extra state", "epoch iterator"
 
-        load = fairseq_patches._restart_wall_clock(load_checkpoint) if restart else load_checkpoint
+        load = restart_wall_clock(load_checkpoint) if restart else load_checkpoint
         assert load("cfg", "trainer") == ("extra state", "epoch iterator")
         time.sleep(0.05)
         wall = metrics.get_meter("default", "wall").elapsed_time
@@ -151,10 +154,15 @@ import os
 import unittest
 
 from fairseq import checkpoint_utils
+from fairseq.data import data_utils
 
 
 def test_load_checkpoint_is_fairseqs_own():
-    assert not hasattr(checkpoint_utils.load_checkpoint, {fairseq_patches.MARKER!r})
+    assert not hasattr(checkpoint_utils.load_checkpoint, {MARKER!r})
+
+
+def test_batching_is_fairseqs_own():
+    assert not hasattr(data_utils.batch_by_size, {MARKER!r})
 
 
 def test_unpickling_allowed():
@@ -173,22 +181,30 @@ class TestProbe(unittest.TestCase):
 
 def test_fairseqs_tests_run_without_and_with_the_plugin_and_compare_test_by_test(tmp_path):
     """scripts/fairseq_tests_with_plugin.py on a stand-in fairseq checkout whose tests see which
-    column they run in: each column's counts per file, and exactly the tests whose result differs."""
+    column they run in: each column's counts per file, and exactly the tests whose result differs.
+    With REALFORMER_FAIRSEQ_FIXES=0 the model's own change of load_checkpoint stays, the fixes'
+    change of batch_by_size does not."""
     checkout = tmp_path / "fairseq"
     (checkout / "tests").mkdir(parents=True)
     (checkout / "tests" / "__init__.py").write_text("")
     (checkout / "tests" / "test_probe.py").write_text(PROBE)
-    # a caller's own override must not leak into the columns that do not set it
+    # a caller's own overrides must not leak into the columns that do not set them
     out = run(SCRIPTS / "fairseq_tests_with_plugin.py", checkout, "tests/test_probe.py", "--out", tmp_path / "out",
-              env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}).stdout  # fmt: skip
-    assert "| test_probe.py | 2/1/1 | 3/0/1 | 1/2/1 |" in out  # fairseq | weights_only off | plugin
+              env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "REALFORMER_FAIRSEQ_FIXES": "0"}).stdout  # fmt: skip
+    assert "| test_probe.py | 3/1/1 | 4/0/1 | 1/3/1 | 2/2/1 |" in out  # fairseq | weights_only off | plugin | fixes off
     differ = out.split("tests whose result differs:")[1].strip().splitlines()
+    columns = ("fairseq", "fairseq, weights_only off", "plugin", "plugin, fixes off")
+
+    def differs(test, *outcomes):
+        return f"- test_probe.py {test}: " + ", ".join(f"{c} {o}" for c, o in zip(columns, outcomes))
+
     assert differ == [
-        "- test_probe.py test_load_checkpoint_is_fairseqs_own: fairseq passed, fairseq, weights_only off passed, plugin failed",
-        "- test_probe.py test_unpickling_allowed: fairseq failed, fairseq, weights_only off passed, plugin failed",
-    ]  # fmt: skip
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
-        f"{slug}.{ext}" for slug in ("fairseq", "fairseq-weights_only-off", "plugin") for ext in ("log", "xml"))
+        differs("test_batching_is_fairseqs_own", "passed", "passed", "failed", "passed"),
+        differs("test_load_checkpoint_is_fairseqs_own", "passed", "passed", "failed", "failed"),
+        differs("test_unpickling_allowed", "failed", "passed", "failed", "failed"),
+    ]
+    slugs = ("fairseq", "fairseq-weights_only-off", "plugin", "plugin-fixes-off")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"{s}.{e}" for s in slugs for e in ("log", "xml"))
 
 
 def test_fairseqs_tests_need_a_fairseq_checkout(tmp_path):

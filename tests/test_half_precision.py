@@ -11,7 +11,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 
 from fairseq_realformer.errors import RealformerConfigError
-from fairseq_realformer.fairseq_patches import _half_precision_problem
+from fairseq_realformer.fairseq_fixes.half_precision import half_precision_problem
 
 from .cli import TRAIN, run
 from .test_compat import FIXTURES
@@ -54,8 +54,8 @@ def common(**flags):
     ("--amp", dict(amp=True)),
 ])  # fmt: skip
 def test_nothing_changes_on_a_gpu(flag, flags):
-    assert _half_precision_problem(common(**flags), cuda=True, xla=False) is None
-    assert _half_precision_problem(common(**flags, cpu=True), cuda=True, xla=False) == (
+    assert half_precision_problem(common(**flags), cuda=True, xla=False) is None
+    assert half_precision_problem(common(**flags, cpu=True), cuda=True, xla=False) == (
         f"{flag} needs a CUDA GPU, and --cpu trains on the CPU: leave out {flag} to train in float32"
     )
 
@@ -63,10 +63,10 @@ def test_nothing_changes_on_a_gpu(flag, flags):
 @pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("tpu", [False, True], ids=["hydra", "command-line"])  # fairseq-train's --bf16 sets --tpu
 def test_bf16_is_mixed_precision_without_torch_xla_and_a_tpu_run_with_it(cuda, tpu):
-    assert _half_precision_problem(common(bf16=True, tpu=tpu), cuda=cuda, xla=False) is None
-    assert _half_precision_problem(common(bf16=True, tpu=tpu, cpu=True), cuda=cuda, xla=False) is None
-    assert _half_precision_problem(common(bf16=True, tpu=True), cuda=cuda, xla=True) is None  # fairseq's own
-    refused = _half_precision_problem(common(bf16=True, tpu=tpu, memory_efficient_bf16=True), cuda=cuda, xla=False)
+    assert half_precision_problem(common(bf16=True, tpu=tpu), cuda=cuda, xla=False) is None
+    assert half_precision_problem(common(bf16=True, tpu=tpu, cpu=True), cuda=cuda, xla=False) is None
+    assert half_precision_problem(common(bf16=True, tpu=True), cuda=cuda, xla=True) is None  # fairseq's own
+    refused = half_precision_problem(common(bf16=True, tpu=tpu, memory_efficient_bf16=True), cuda=cuda, xla=False)
     assert refused.startswith("--memory-efficient-bf16 keeps the weights themselves in bfloat16")
 
 

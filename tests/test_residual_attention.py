@@ -6,7 +6,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 
 from fairseq_realformer.modules import ResidualMultiheadAttention
-from fairseq_realformer.modules.residual_attention import Carried
+from fairseq_realformer.modules.residual_attention import Attended, Carried, PlainMultiheadAttention
 
 EMBED, HEADS, B, T, S = 16, 4, 3, 5, 7
 
@@ -200,3 +200,43 @@ def test_half_precision_gradients_match_float32(dtype, running_mean):
         grads.append([p.grad.float() for p in (module.q_proj.weight, module.k_proj.weight, module.v_proj.weight)])
     for want, got in zip(*grads):
         torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_fairseqs_attention_off_the_path_answers_as_ours_and_computes_as_fairseqs(kind, train):
+    """PlainMultiheadAttention: fairseq's module (same parameters, fused path in training
+    self-attention), called and answering as ResidualMultiheadAttention is; it carries nothing."""
+    kwargs = dict(self_attention=True) if kind == "self" else dict(encoder_decoder_attention=True)
+    torch.manual_seed(0)
+    theirs = MultiheadAttention(EMBED, HEADS, **kwargs).train(train)
+    torch.manual_seed(0)
+    plain = PlainMultiheadAttention(EMBED, HEADS, **kwargs).train(train)
+    assert plain.state_dict().keys() == theirs.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), theirs.state_dict().values()))
+    x, kv = torch.randn(T, B, EMBED), torch.randn(S if kind == "cross" else T, B, EMBED)
+    kv = x if kind == "self" else kv
+    asked = dict(key_padding_mask=padding([7, 2, 5] if kind == "cross" else [5, 3, 4], kv.size(0)), need_weights=True,
+                 static_kv=kind == "cross")  # fmt: skip
+    torch.manual_seed(1)
+    want, want_weights = theirs(x, kv, kv, **asked)
+    torch.manual_seed(1)
+    got = plain(x, kv, kv, **asked, carried=Carried(), depth=3)
+    assert isinstance(got, Attended) and got.carried == Carried()
+    torch.testing.assert_close(got.output, want, rtol=0, atol=0)
+    torch.testing.assert_close(got.weights, want_weights, rtol=0, atol=0)
+
+
+def test_every_attention_module_of_a_plugin_layer_answers_attended():
+    from .helpers import make_dictionary, random_batch, realformer
+
+    dictionary = make_dictionary()
+    model = realformer("encoder,cross", "mean", "admin", dictionary=dictionary)  # decoder self-attention: off
+    answers = []
+    modules = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    assert {type(m) for m in modules} == {ResidualMultiheadAttention, PlainMultiheadAttention}
+    hooks = [m.register_forward_hook(lambda m, args, out: answers.append(type(out))) for m in modules]
+    model(*random_batch(dictionary, [6, 9, 4], [5, 7, 3]))
+    for hook in hooks:
+        hook.remove()
+    assert answers and set(answers) == {Attended}

@@ -5,8 +5,8 @@ alone.
 
 fairseq alone cannot load a checkpoint on torch >= 2.6 (``weights_only``): its runs get
 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, the plugin's run without it. Of the plugin's deliberate
-differences (``fairseq_patches``), the one such a run meets, keeping the tail of a split that
-fairseq's batching drops (``_keep_last_batch``), shows in fairseq-generate on the 21 test
+differences (``fairseq_fixes``), the one such a run meets, keeping the tail of a split that
+fairseq's batching drops (``keep_last_batch``), shows in fairseq-generate on the 21 test
 sentences; fairseq's training and validation batches hold every sentence of this corpus, which the
 tests check too.
 """

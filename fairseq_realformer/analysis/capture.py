@@ -1,11 +1,13 @@
 """Hand on the per-head attention probabilities that every attention layer of a model used.
 
-Works on fairseq's ``MultiheadAttention`` (stock ``transformer`` models, and this plugin's layers
-whose residual path is off) and on the plugin's ``ResidualMultiheadAttention`` (a subclass that
-returns ``(output, weights, scores)``). Each layer is asked for per-head weights through a
-forward pre-hook that rewrites the keyword arguments its encoder or decoder layer passes
-(``need_weights``, ``need_head_weights``); a forward hook hands ``output[1]`` on as soon as the
-layer has run, so no more than one layer's probabilities need to be kept at a time.
+Works on every subclass of fairseq's ``MultiheadAttention``: fairseq's own (stock ``transformer``
+models), which returns ``(output, weights)``, and the plugin's two, ``ResidualMultiheadAttention``
+and ``PlainMultiheadAttention`` (fairseq's on a path that carries nothing), which return
+``Attended(output, weights, carried)``: the weights come second in both. Each layer is asked for
+per-head weights through a forward pre-hook that rewrites the keyword arguments its encoder or
+decoder layer passes (``need_weights``, ``need_head_weights``); a forward hook hands those weights
+on as soon as the layer has run, so no more than one layer's probabilities need to be kept at a
+time.
 
 Nothing else changes: the model computes what it computes without the recorder (tested).
 """
@@ -15,6 +17,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
+from ..modules.sublayers import ATTENTION_BY_PATH
 
 # The three attention types of an encoder-decoder, by the name of their score path (options.PATHS).
 PATH_TITLES = {
@@ -36,10 +39,10 @@ def attention_modules(model: nn.Module) -> Dict[str, List[MultiheadAttention]]:
         raise RealformerConfigError(
             f"{kind} has no Transformer encoder and decoder layers to read attention from"
         )
+    stacks = {"encoder": encoder_layers, "decoder": decoder_layers}
     modules = {
-        "encoder": [getattr(layer, "self_attn", None) for layer in encoder_layers],
-        "decoder": [getattr(layer, "self_attn", None) for layer in decoder_layers],
-        "cross": [getattr(layer, "encoder_attn", None) for layer in decoder_layers],
+        path: [getattr(layer, sublayer.name, None) for layer in stacks[side]]
+        for path, (side, sublayer) in ATTENTION_BY_PATH.items()
     }
     for path, found in modules.items():
         if not all(isinstance(m, MultiheadAttention) for m in found):
@@ -92,7 +95,7 @@ class AttentionRecorder:
 
     def _recorder(self, path: str, layer: int):
         def record(module, inputs, output):
-            weights = output[1]
+            weights = output[1]  # fairseq's (output, weights) and the plugin's Attended alike
             if weights is None or weights.dim() != 4 or weights.size(0) != module.num_heads:
                 raise RealformerConfigError(
                     f"{PATH_TITLES[path]} layer {layer + 1} ({type(module).__name__}) did not return "

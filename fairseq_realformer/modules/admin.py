@@ -6,8 +6,9 @@ Three ways to set the initial ω (``--admin-init``):
 
 ``closed-form`` (admin-torch): the same ω for every sublayer of a stack,
     ``ω = sqrt((N + 1) / ln(N + 1) − 1)``, N = residual sublayers in that stack
-    (2 per encoder layer: self-attention, FFN; 3 per decoder layer: self-attention,
-    cross-attention, FFN). E.g. N = 12 → 2.017, N = 36 → 3.041. Set at construction.
+    (``sublayers.SUBLAYERS``: 2 per encoder layer, self-attention and FFN; 3 per decoder layer,
+    self-attention, cross-attention and FFN). E.g. N = 12 → 2.017, N = 36 → 3.041. Set at
+    construction.
 
 ``profile`` (the paper's method): one forward pass on a real training batch, dropout on, runs
     the sublayers in order with a running ratio that starts at 1.0, separately for encoder and
@@ -35,11 +36,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
+from .sublayers import counts_per_layer, per_layer
 
 logger = logging.getLogger(__name__)
-
-ENCODER_SUBLAYERS_PER_LAYER = 2
-DECODER_SUBLAYERS_PER_LAYER = 3
 
 
 def closed_form_omega(num_sublayers: int) -> float:
@@ -55,8 +54,7 @@ def initial_omega(options, layers: int, side: str) -> float:
     constructed with: the closed form, or 1.0 when ω will be set from data before training."""
     if options.admin_from_data:
         return 1.0
-    per_layer = {"encoder": ENCODER_SUBLAYERS_PER_LAYER, "decoder": DECODER_SUBLAYERS_PER_LAYER}[side]
-    return closed_form_omega(per_layer * layers)
+    return closed_form_omega(per_layer(side) * layers)
 
 
 # --- ω set from data: the pending state and the one call that sets them --------------------------
@@ -233,13 +231,13 @@ def read_clinic_profile(path: str, encoder_layers: int, decoder_layers: int) -> 
             raise RealformerConfigError(f"{flag} {path}: line {number} has sublayer index {index}, "
                                         f"expected {len(runs[-1]) + 1 if runs else 1}")  # fmt: skip
         runs[-1].append(ratio)
-    want = (ENCODER_SUBLAYERS_PER_LAYER * encoder_layers, DECODER_SUBLAYERS_PER_LAYER * decoder_layers)
+    want = (per_layer("encoder") * encoder_layers, per_layer("decoder") * decoder_layers)
     have = tuple(len(r) for r in runs)
     if have != want:
         raise RealformerConfigError(
             f"{flag} {path} holds {' + '.join(map(str, have)) or 'no'} sublayer ratios, but this "
             f"{encoder_layers}L-{decoder_layers}L model needs {want[0]} encoder + {want[1]} decoder "
-            f"(2 per encoder layer, 3 per decoder layer)"
+            f"({counts_per_layer()})"
         )
     return runs[0], runs[1]
 

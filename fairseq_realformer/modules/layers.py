@@ -3,13 +3,16 @@ attention path hands on.
 
 A layer reads its backbone's entry (``backbones``) for how each residual sublayer joins its input
 and branch, where its LayerNorms are, what it initialises and whether a stack-level stream runs
-beside x; which backbone, which score paths and which running-mean mode come from the model's
-``RealformerOptions``. On a residual-attention path a layer takes what the previous layer on that
-path carried and returns its own (see ``residual_attention``); off the path it uses fairseq's own
-attention module, fused SDPA path included, so a path that is switched off costs nothing.
+beside x; which sublayers it has, their LayerNorms and their score paths come from the
+vocabulary table (``sublayers``); which backbone, which score paths and which running-mean mode
+from the model's ``RealformerOptions``. Every attention sublayer takes what the previous layer on
+its path carried and hands on its own, by the path's name (``Carry``): on a residual-attention
+path through ``ResidualMultiheadAttention``; off the path through ``PlainMultiheadAttention``,
+fairseq's own module (fused SDPA path included, so a path that is switched off costs nothing),
+which carries nothing. Both answer ``Attended``.
 """
-from functools import partial
-from typing import Dict, NamedTuple, Optional
+from collections import namedtuple
+from typing import Dict, Optional
 
 import torch
 from fairseq.modules.transformer_layer import (
@@ -19,21 +22,22 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from .backbones import BACKBONES
-from .residual_attention import Carried, ResidualMultiheadAttention
+from .residual_attention import Carried, PlainMultiheadAttention, ResidualMultiheadAttention
+from .sublayers import (
+    CROSS_ATTENTION,
+    DECODER_SELF_ATTENTION,
+    ENCODER_SELF_ATTENTION,
+    FFN,
+    PATHS,
+    SUBLAYERS,
+    Sublayer,
+)
 
-# The residual sublayers of a layer, in the order they run.
-SUBLAYERS = {"encoder": ("self_attn", "ffn"), "decoder": ("self_attn", "encoder_attn", "ffn")}
-
-
-class Carry(NamedTuple):
-    """What a layer hands the next besides x: what each attention path carries, keyed by path
-    (a path that carries nothing keeps ``Carried()``), and the backbone's stack-level stream
-    (ResiDual's d; None on the other backbones)."""
-
-    encoder: Carried = Carried()
-    decoder: Carried = Carried()
-    cross: Carried = Carried()
-    stream: Optional[Tensor] = None
+# What a layer hands the next besides x: what each attention path carries, one field per path of
+# ``sublayers.PATHS`` (``carry.encoder``, ``carry.decoder``, ``carry.cross``; a path that carries
+# nothing keeps ``Carried()``), and ``carry.stream``, the backbone's stack-level stream (ResiDual's
+# d; None on the other backbones).
+Carry = namedtuple("Carry", (*PATHS, "stream"), defaults=(*(Carried(),) * len(PATHS), None))
 
 
 @torch.no_grad()
@@ -54,41 +58,54 @@ class _Backbone:
     # the join's weight on a backbone without a trainable one (DeepNorm's α; 1.0 otherwise)
     residual_alpha = 1.0
 
+    # The per-sublayer join weights (``Sublayer.parameter``), made by ``_init_backbone`` on the
+    # backbones that have one: ADMIN's per-channel ω, ReZero's scalar α. Declared here (without a
+    # class value, which would hide the registered parameter) so that their names can be found.
+    self_attn_omega: nn.Parameter
+    encoder_attn_omega: Optional[nn.Parameter]  # None in a decoder layer without cross-attention
+    ffn_omega: nn.Parameter
+    self_attn_resweight: nn.Parameter
+    encoder_attn_resweight: nn.Parameter
+    ffn_resweight: nn.Parameter
+
     def _init_backbone(self, cfg, side: str, sublayers) -> None:
         """The backbone's parameters and initialisation, after fairseq built the *sublayers*:
-        its per-sublayer weights (``<sublayer>_omega``, ``<sublayer>_resweight``), no LayerNorms
-        for a backbone without them, then its own initialisation of the layer."""
+        its per-sublayer weights (declared above), no LayerNorms for a backbone without them,
+        then its own initialisation of the layer."""
         self.backbone = backbone = BACKBONES[self.options.backbone]
         weight = backbone.weight
-        for sublayer in sublayers:
-            if weight is not None:
-                layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
-                shape = (self.embed_dim,) if weight.per_channel else (1,)
-                value = weight.initial(self.options, layers, side)
-                setattr(self, f"{sublayer}_{weight.name}", nn.Parameter(torch.full(shape, float(value))))
+        if weight is not None:
+            layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
+            shape = (self.embed_dim,) if weight.per_channel else (1,)
+            value = weight.initial(self.options, layers, side)
+            for sublayer in sublayers:
+                setattr(self, sublayer.parameter(weight.name), nn.Parameter(torch.full(shape, float(value))))
         self.normalize_after = backbone.layer_norm == "after"
         if backbone.layer_norm is None:
-            self.self_attn_layer_norm = self.final_layer_norm = None
-            if side == "decoder":
-                self.encoder_attn_layer_norm = None
+            for sublayer in SUBLAYERS[side]:
+                setattr(self, sublayer.layer_norm, None)
         if backbone.init_layer is not None:
             backbone.init_layer(self, cfg, side)
 
     def sublayer_omegas(self):
         """ADMIN's ω in the order the sublayers run (None where a layer has none)."""
-        return [getattr(self, f"{sublayer}_omega", None) for sublayer in SUBLAYERS[self.side]]
+        return [getattr(self, sublayer.parameter("omega"), None) for sublayer in SUBLAYERS[self.side]]
 
-    def _weight(self, sublayer: str):
+    def _weight(self, sublayer: Sublayer):
         """The sublayer's join weight: trainable (ADMIN's ω, ReZero's α), else ``residual_alpha``."""
         weight = self.backbone.weight
-        return getattr(self, f"{sublayer}_{weight.name}") if weight is not None else self.residual_alpha
+        return getattr(self, sublayer.parameter(weight.name)) if weight is not None else self.residual_alpha
 
-    def _residual_attention(self, cfg, path: str, embed_dim: int, heads: int, build_fairseqs, **kwargs):
-        """The attention module of a sublayer on *path*: ours where the path carries scores or
-        values, else fairseq's own, built by *build_fairseqs* (its layer's build method)."""
-        options = self.options
+    def _build_attention(self, cfg, sublayer: Sublayer, embed_dim: int, heads: int, **kwargs):
+        """The attention module of *sublayer*: ours where its path carries scores or values, else
+        fairseq's own (``PlainMultiheadAttention``). Either is built with the arguments of
+        fairseq's build method for that sublayer (*kwargs*, and the three it takes from *cfg* and
+        the layer), so that its parameters and their initialisation are fairseq's."""
+        options, path = self.options, sublayer.path
+        kwargs.update(dropout=cfg.attention_dropout, q_noise=self.quant_noise,
+                      qn_block_size=self.quant_noise_block_size)  # fmt: skip
         if path not in options.paths | options.value_paths:
-            return build_fairseqs()
+            return PlainMultiheadAttention(embed_dim, heads, **kwargs)
         value_mix = options.value_mix if path in options.value_paths else None
         return ResidualMultiheadAttention(
             embed_dim,
@@ -97,16 +114,13 @@ class _Backbone:
             running_mean=options.running_mean,
             value_mix=value_mix,
             value_gate=value_mix == "learned" and self.index > 0,  # layer 1's values are V_1 itself
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
             **kwargs,
         )
 
     def _pre(self, x: Tensor, layer_norm: Optional[nn.Module]) -> Tensor:
         return layer_norm(x) if self.normalize_before else x
 
-    def _post(self, x: Tensor, residual: Tensor, sublayer: str, layer_norm: Optional[nn.Module], carry: Carry):
+    def _post(self, x: Tensor, residual: Tensor, sublayer: Sublayer, layer_norm: Optional[nn.Module], carry: Carry):
         """Dropout on the branch, the backbone's join with the residual, LayerNorm after it; the
         branch also joins the stack-level stream if the backbone has one. Returns (x, carry)."""
         x = self.dropout_module(x)
@@ -118,30 +132,27 @@ class _Backbone:
         x = self.backbone.join(x, residual, weight)
         return (layer_norm(x) if self.normalize_after else x), carry
 
-    def _attention_sublayer(self, x: Tensor, sublayer: str, path: str, carry: Carry, depth: int,
+    def _attention_sublayer(self, x: Tensor, sublayer: Sublayer, carry: Carry, depth: int,
                             key_value: Optional[Tensor] = None, **kwargs):  # fmt: skip
-        """One attention sublayer ("self_attn" or "encoder_attn") on score *path*, pre → attend
-        → post. Self-attention when *key_value* is None. Returns (x, attention weights if asked
-        for, *carry* with what this path hands on)."""
-        attention, layer_norm = getattr(self, sublayer), getattr(self, f"{sublayer}_layer_norm")
+        """One attention sublayer on its score path, pre → attend → post. Self-attention when
+        *key_value* is None. Returns (x, attention weights if asked for, *carry* with what this
+        path hands on)."""
+        attention, layer_norm = getattr(self, sublayer.name), getattr(self, sublayer.layer_norm)
         residual = x
         x = self._pre(x, layer_norm)
         key_value = x if key_value is None else key_value
-        if isinstance(attention, ResidualMultiheadAttention):
-            x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs,
-                                            carried=getattr(carry, path), depth=depth)  # fmt: skip
-            carry = carry._replace(**{path: carried})
-        else:  # fairseq's own module: this path carries nothing
-            x, weights = attention(query=x, key=key_value, value=key_value, **kwargs)
+        x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs,
+                                        carried=getattr(carry, sublayer.path), depth=depth)  # fmt: skip
+        carry = carry._replace(**{sublayer.path: carried})
         x, carry = self._post(x, residual, sublayer, layer_norm, carry)
         return x, weights, carry
 
     def _feed_forward(self, x: Tensor, carry: Carry):
-        residual = x
-        x = self._pre(x, self.final_layer_norm)
+        residual, layer_norm = x, getattr(self, FFN.layer_norm)
+        x = self._pre(x, layer_norm)
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         x = self.fc2(x)
-        return self._post(x, residual, "ffn", self.final_layer_norm, carry)
+        return self._post(x, residual, FFN, layer_norm, carry)
 
 
 class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
@@ -157,9 +168,9 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
         self._init_backbone(cfg, "encoder", SUBLAYERS["encoder"])
 
     def build_self_attention(self, embed_dim, cfg):
-        return self._residual_attention(
-            cfg, "encoder", embed_dim, cfg.encoder.attention_heads,
-            partial(super().build_self_attention, embed_dim, cfg),
+        # fairseq's arguments (TransformerEncoderLayerBase.build_self_attention), our module
+        return self._build_attention(
+            cfg, ENCODER_SELF_ATTENTION, embed_dim, cfg.encoder.attention_heads,
             self_attention=True, xformers_att_config=cfg.encoder.xformers_att_config,
         )  # fmt: skip
 
@@ -177,7 +188,7 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
                 attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
             )
         x, _, carry = self._attention_sublayer(
-            x, "self_attn", "encoder", carry, depth,
+            x, ENCODER_SELF_ATTENTION, carry, depth,
             key_padding_mask=encoder_padding_mask, need_weights=False, attn_mask=attn_mask,
         )  # fmt: skip
         return self._feed_forward(x, carry)
@@ -194,23 +205,24 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         # read by the build_* methods during fairseq's __init__; index: the layer's, from 0
         self.options, self.side, self.index = options, "decoder", index
         super().__init__(cfg, no_encoder_attn)
-        sublayers = [s for s in SUBLAYERS["decoder"] if not (no_encoder_attn and s == "encoder_attn")]
+        sublayers = [s for s in SUBLAYERS["decoder"] if not (no_encoder_attn and s is CROSS_ATTENTION)]
         self._init_backbone(cfg, "decoder", sublayers)
         if no_encoder_attn:
             self.encoder_attn_omega = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return self._residual_attention(
-            cfg, "decoder", embed_dim, cfg.decoder.attention_heads,
-            partial(super().build_self_attention, embed_dim, cfg, add_bias_kv, add_zero_attn),
+        # fairseq's arguments (TransformerDecoderLayerBase.build_self_attention; self-attention
+        # only: --cross-self-attention is refused by options), our module
+        return self._build_attention(
+            cfg, DECODER_SELF_ATTENTION, embed_dim, cfg.decoder.attention_heads,
             add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, self_attention=True,
             xformers_att_config=cfg.decoder.xformers_att_config,
         )  # fmt: skip
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return self._residual_attention(
-            cfg, "cross", embed_dim, cfg.decoder.attention_heads,
-            partial(super().build_encoder_attention, embed_dim, cfg),
+        # fairseq's arguments (TransformerDecoderLayerBase.build_encoder_attention), our module
+        return self._build_attention(
+            cfg, CROSS_ATTENTION, embed_dim, cfg.decoder.attention_heads,
             kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
             xformers_att_config=cfg.encoder.xformers_att_config,
         )  # fmt: skip
@@ -232,14 +244,14 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         probabilities when asked for), carry what this layer hands the next."""
         need_attn = need_attn or need_head_weights
         x, _, carry = self._attention_sublayer(
-            x, "self_attn", "decoder", carry, depth,
+            x, DECODER_SELF_ATTENTION, carry, depth,
             key_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
             need_weights=False, attn_mask=self_attn_mask,
         )  # fmt: skip
         attn = None
         if self.encoder_attn is not None and encoder_out is not None:
             x, attn, carry = self._attention_sublayer(
-                x, "encoder_attn", "cross", carry, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
+                x, CROSS_ATTENTION, carry, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state, static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn), need_head_weights=need_head_weights,
             )  # fmt: skip

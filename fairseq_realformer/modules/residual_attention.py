@@ -32,8 +32,13 @@ cross-attention reads V_1 from the first layer's cache. Under LayerDrop, V_1 is 
 the first layer of the path that runs in this pass. V_1 is carried in float32 when the attention
 computes in half precision (float16 or bfloat16, also under ``--bf16``'s autocast), as the scores
 are.
+
+A layer calls one of two modules per attention sublayer, the same way:
+``ResidualMultiheadAttention`` where its path carries scores or values, ``PlainMultiheadAttention``
+(fairseq's own) where it carries nothing. Both take what the path carried (``Carried``) and answer
+``Attended``.
 """
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +90,17 @@ class Carried(NamedTuple):
     values: Optional[Tensor] = None  # V_1: the path's first layer's values (value residual)
 
 
+class Attended(NamedTuple):
+    """What every attention module a plugin layer calls answers: ``ResidualMultiheadAttention``
+    on a residual path, ``PlainMultiheadAttention`` (fairseq's own) off it."""
+
+    output: Tensor  # (tgt_len, bsz, embed_dim)
+    # this layer's attention probabilities when asked for (need_weights: averaged over heads;
+    # need_head_weights: (heads, bsz, tgt_len, src_len)), else None: fairseq's second return value
+    weights: Optional[Tensor]
+    carried: Carried  # what this layer hands the next on its path: Carried() off the path
+
+
 def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tensor:
     """``bmm`` for beamable cross-attention, where the encoder side is kept once per sentence,
     not once per hypothesis: *a* (sentences · beam · heads, rows, k) from the hypotheses, *b*
@@ -94,6 +110,21 @@ def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tens
     a = a.view(kv_bsz, -1, num_heads, rows, a.size(2))
     b = b.view(kv_bsz, num_heads, b.size(1), cols)
     return torch.einsum("bxhtk,bhkn->bxhtn", a, b).reshape(-1, rows, cols)
+
+
+class PlainMultiheadAttention(MultiheadAttention):
+    """fairseq's ``MultiheadAttention``, computing exactly what it computes (its fused SDPA path
+    included), for a sublayer whose path carries nothing. Subclassed only to answer as
+    ``ResidualMultiheadAttention`` does, so that a layer calls either the same way; the
+    parameters, their names and their initialisation are fairseq's."""
+
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor], *,
+                carried: Carried = Carried(), depth: int = 1, **kwargs) -> Attended:  # fmt: skip
+        """fairseq's ``forward`` (keyword arguments as its), answering ``Attended``. *carried*
+        (empty on a path that carries nothing) and *depth* are taken, as the residual module
+        takes them, and not used."""
+        output, weights = super().forward(query, key, value, **kwargs)
+        return Attended(output, weights, Carried())
 
 
 class ResidualMultiheadAttention(MultiheadAttention):
@@ -139,7 +170,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         need_head_weights: bool = False,
         carried: Carried = Carried(),
         depth: int = 1,
-    ) -> Tuple[Tensor, Optional[Tensor], Carried]:
+    ) -> Attended:
         """Time x Batch x Channel in, as fairseq's attention.
 
         Args:
@@ -150,12 +181,10 @@ class ResidualMultiheadAttention(MultiheadAttention):
                 one (the running-mean divisor).
 
         Returns:
-            ``(output, weights, carried)``: output ``(tgt_len, bsz, embed_dim)``; this layer's
-            attention probabilities averaged over heads (or per head with
-            *need_head_weights*) when asked for, else ``None``; and what to hand on: ``S_n``,
-            unmasked, and ``V_1``, both in float32 when the attention computes in float16 or
-            bfloat16 (a deep running sum can overflow float16's 65504; bfloat16 rounds it to
-            8 bits).
+            ``Attended``: the output, this layer's probabilities when asked for, and what to
+            hand on: ``S_n``, unmasked, and ``V_1``, both in float32 when the attention computes
+            in float16 or bfloat16 (a deep running sum can overflow float16's 65504; bfloat16
+            rounds it to 8 bits).
         """
         tgt_len, bsz, embed_dim = query.size()
         saved_state = None
@@ -165,27 +194,48 @@ class ResidualMultiheadAttention(MultiheadAttention):
                 key = value = None  # encoder keys/values were projected at the first step
         q, k, v, key_padding_mask = self._project(query, key, value, key_padding_mask)
         kv_bsz = bsz if k is None else k.size(0) // self.num_heads
-        first_values = carried.values
-        if self.value_mix is not None and self.self_attention:  # mix this call's values, then cache them
-            v, first_values = self._mix_values(query, v, first_values)
+        v, first_values = self._value_residual_before_cache(query, v, carried.values)
         if saved_state is not None:
             k, v, key_padding_mask, kv_bsz = self._extend_cache(
                 incremental_state, saved_state, k, v, key_padding_mask, static_kv
             )
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        mix_after = None
-        if self.value_mix is not None and not self.self_attention:  # the encoder's values: every step
-            v, first_values, mix_after = self._mix_cross_values(query, v, first_values)
+        v, first_values, mix_after = self._value_residual_after_cache(query, v, first_values)
 
         prev_scores = carried.scores if self.residual_scores else None
         attn, probs, scores = self._attend(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
-        if mix_after is not None:  # λ_t·(P V_n)_t + (1 − λ_t)·(P V_1)_t, from one product with [V_n | V_1]
-            attn = torch.lerp(attn[..., self.head_dim :], attn[..., : self.head_dim], mix_after)
+        attn = self._value_residual_after_attention(attn, mix_after)
 
         attn = self.out_proj(attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim))
         weights = _weights(probs, bsz, self.num_heads, need_head_weights) if need_weights or need_head_weights else None
-        return attn, weights, Carried(scores if self.residual_scores else None, first_values)
+        return Attended(attn, weights, Carried(scores if self.residual_scores else None, first_values))
+
+    # --- value residual: before the cache (self-attention), after it (cross-attention) ------------
+
+    def _value_residual_before_cache(self, query: Tensor, v: Tensor, first_values: Optional[Tensor]):
+        """Self-attention mixes this call's values before the cache stores them: the cache keeps
+        mixed values, and a decoding step needs only its own rows of V_1. Elsewhere the values
+        pass unchanged. Returns (values, V_1 to hand on)."""
+        if self.value_mix is None or not self.self_attention:
+            return v, first_values
+        return self._mix_values(query, v, first_values)
+
+    def _value_residual_after_cache(self, query: Tensor, v: Tensor, first_values: Optional[Tensor]):
+        """Cross-attention mixes the encoder's values after the cache (which holds them unmixed,
+        projected once) at every step. Elsewhere the values pass unchanged. Returns (values to
+        attend over, V_1 to hand on, λ for ``_value_residual_after_attention`` or None)."""
+        if self.value_mix is None or self.self_attention:
+            return v, first_values, None
+        return self._mix_cross_values(query, v, first_values)
+
+    def _value_residual_after_attention(self, attn: Tensor, mix: Optional[Tensor]) -> Tensor:
+        """With a λ per query token in cross-attention (*mix*), the values attended over were
+        [V_n | V_1] side by side: λ_t·(P V_n)_t + (1 − λ_t)·(P V_1)_t from that one product.
+        Without (*mix* None), *attn* as it is."""
+        if mix is None:
+            return attn
+        return torch.lerp(attn[..., self.head_dim :], attn[..., : self.head_dim], mix)
 
     def _mix_values(self, query: Tensor, v: Tensor, first_values: Optional[Tensor]):
         """Self-attention: V' = λ·V + (1 − λ)·V_1 per token and head (the first layer on the path,
@@ -210,26 +260,39 @@ class ResidualMultiheadAttention(MultiheadAttention):
             return 0.5
         return self.value_gate(query).permute(1, 2, 0).reshape(-1, query.size(0), 1).to(dtype)
 
+    # --- the score chain -----------------------------------------------------------------------
+
     def _attend(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
         """The RealFormer score chain, top to bottom. q, k, v: ``(batch * heads, length, head_dim)``.
         Returns (the weighted sum of the values, this layer's probabilities, ``S_n`` to hand on)."""
-        scores = self._bmm(q * self.scaling, k.transpose(1, 2), kv_bsz, plus=prev_scores)  # S_n = QKᵀ/√d + S_{n-1}
+        scores = self._scores(q, k, prev_scores, kv_bsz)  # S_n = QKᵀ/√d + S_{n-1}
         if scores.dtype in HALF:
             scores = scores.float()  # carried in float32 (HALF)
         logits = scores / depth if self.running_mean and depth > 1 else scores  # running mean: S_n / n
         logits = self._mask(logits, logits is not scores, attn_mask, key_padding_mask, kv_bsz)
         probs = _softmax(logits, v.dtype)
-        return self._bmm(self.dropout_module(probs), v, kv_bsz), probs, scores
+        return self._weighted_sum(probs, v, kv_bsz), probs, scores
 
-    def _bmm(self, a: Tensor, b: Tensor, kv_bsz: int, plus: Optional[Tensor] = None) -> Tensor:
-        """``plus + a @ b`` per (batch, head); *b* once per sentence in beamable cross-attention."""
-        if a.size(0) != b.size(0):  # beamable cross-attention: b is kept once per sentence
-            product = _per_sentence_bmm(a, b, kv_bsz, self.num_heads)
-        elif plus is not None and plus.dtype == a.dtype:
-            return torch.baddbmm(plus, a, b)  # adds the carried scores inside the GEMM
-        else:
-            product = torch.bmm(a, b)
-        return product if plus is None else plus + product  # a float32 carry promotes a float16 product
+    def _scores(self, q: Tensor, k: Tensor, prev_scores: Optional[Tensor], kv_bsz: int) -> Tensor:
+        """S_n = Q Kᵀ/√d + S_{n-1} (*prev_scores*; None: the path's first layer, or a layer that
+        does not carry scores)."""
+        q, k_t = q * self.scaling, k.transpose(1, 2)
+        if prev_scores is None:
+            return self._per_head_bmm(q, k_t, kv_bsz)
+        if prev_scores.dtype == q.dtype and q.size(0) == k_t.size(0):
+            return torch.baddbmm(prev_scores, q, k_t)  # adds the carried scores inside the GEMM
+        return prev_scores + self._per_head_bmm(q, k_t, kv_bsz)  # a float32 carry promotes a half product
+
+    def _weighted_sum(self, probs: Tensor, v: Tensor, kv_bsz: int) -> Tensor:
+        """(dropout(P) V) per (batch, head)."""
+        return self._per_head_bmm(self.dropout_module(probs), v, kv_bsz)
+
+    def _per_head_bmm(self, a: Tensor, b: Tensor, kv_bsz: int) -> Tensor:
+        """``a @ b`` per (batch, head); in beamable cross-attention *b* (the encoder side) is kept
+        once per sentence, not once per hypothesis."""
+        if a.size(0) != b.size(0):
+            return _per_sentence_bmm(a, b, kv_bsz, self.num_heads)
+        return torch.bmm(a, b)
 
     def _mask(self, logits: Tensor, fresh: bool, attn_mask, key_padding_mask, kv_bsz: int) -> Tensor:
         """This layer's masks on its own softmax input, never on the scores handed on: out of

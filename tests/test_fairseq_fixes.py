@@ -1,0 +1,134 @@
+"""The fixes of fairseq's defects (``fairseq_fixes``): one switch, REALFORMER_FAIRSEQ_FIXES=0, leaves
+every fairseq function they replace as fairseq has it, while what the model needs from fairseq
+(``fairseq_patches``) stays; without it every fix is active; docs/checkpoints-and-errors.md's
+table lists exactly these fixes; each fix's docstring names its call site and what changes for a
+stock transformer."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fairseq import checkpoint_utils
+from fairseq.data.fairseq_dataset import FairseqDataset
+
+from fairseq_realformer.fairseq_fixes import FIXES, SWITCH, where
+from fairseq_realformer.patching import installed
+
+from .cli import run
+from .helpers import REPO
+
+# In a fresh process: each fixed fairseq function before and after ``import fairseq_realformer``,
+# fairseq's batching of 20 sentences by 8, and what the model needs from fairseq.
+PROBE = """
+import importlib, json, sys
+import numpy as np
+
+def attribute(module, names):
+    found = importlib.import_module(module)
+    for name in names:
+        found = getattr(found, name)
+    return found
+
+targets = json.loads(sys.argv[1])
+before = [attribute(module, names) for module, names in targets]
+import fairseq_realformer
+from fairseq import checkpoint_utils
+from fairseq.data.fairseq_dataset import FairseqDataset
+from fairseq_realformer.patching import installed
+
+dataset = FairseqDataset()
+dataset.num_tokens = dataset.num_tokens_vec = lambda i: np.ones_like(i)
+batches = dataset.batch_by_size(np.arange(20), max_sentences=8, required_batch_size_multiple=8)
+print(json.dumps({
+    # each fixed function now: fairseq's, or a wrapper around fairseq's; and the changes it holds
+    "fairseqs": [attribute(*target) is original for target, original in zip(targets, before)],
+    "wraps_fairseqs": [getattr(attribute(*target), "__wrapped__", None) is original
+                       for target, original in zip(targets, before)],
+    "changes": [sorted(installed(attribute(*target))) for target in targets],
+    "batched": int(sum(map(len, batches))),
+    "load_checkpoint_to_cpu": sorted(installed(checkpoint_utils.load_checkpoint_to_cpu)),
+    "load_checkpoint": sorted(installed(checkpoint_utils.load_checkpoint)),
+}))
+"""
+
+
+def module_and_names(path):
+    """("fairseq.trainer", ["Trainer", "__init__"]) for "fairseq.trainer.Trainer.__init__"."""
+    parts = path.split(".")
+    end = max(end for end in range(1, len(parts)) if ".".join(parts[:end]) in sys.modules)
+    return ".".join(parts[:end]), parts[end:]
+
+
+def probe(**env):
+    targets = json.dumps([module_and_names(fix.replaces) for fix in FIXES])
+    return json.loads(run(sys.executable, "-c", PROBE, targets, env=env).stdout.strip().splitlines()[-1])
+
+
+ADMIN = "fairseq_realformer.fairseq_patches._initialize_admin_after_loading"
+GUARD = "fairseq_realformer.checkpoints.guarded"
+
+
+def test_the_switch_leaves_every_function_the_fixes_replace_as_fairseq_has_it():
+    """REALFORMER_FAIRSEQ_FIXES=0: fairseq's own functions (and sys.excepthook); fairseq's
+    load_checkpoint only inside the model's change (ADMIN's ω after loading); its batching drops
+    the 4 sentences past 16; checkpoints still load under the allow-list."""
+    got = probe(**{SWITCH: "0"})
+    for fix, fairseqs, wraps_fairseqs, changes in zip(FIXES, got["fairseqs"], got["wraps_fairseqs"], got["changes"]):
+        if fix.replaces == "fairseq.checkpoint_utils.load_checkpoint":
+            assert changes == [ADMIN] and wraps_fairseqs, fix.replaces
+        else:
+            assert fairseqs and changes == [], fix.replaces
+    assert got["batched"] == 16
+    assert got["load_checkpoint_to_cpu"] == [GUARD] and got["load_checkpoint"] == [ADMIN]
+
+
+@pytest.mark.parametrize("switch", [None, "1"], ids=["unset", "1"])
+def test_without_the_switch_every_fix_is_active(switch):
+    got = probe(**({} if switch is None else {SWITCH: switch}))
+    assert [key(fix) in changes for fix, changes in zip(FIXES, got["changes"])] == [True] * len(FIXES)
+    assert got["batched"] == 20
+    assert got["load_checkpoint_to_cpu"] == [GUARD]
+    fixes_of_load_checkpoint = {key(fix) for fix in FIXES if fix.replaces.endswith(".load_checkpoint")}
+    assert set(got["load_checkpoint"]) == {ADMIN} | fixes_of_load_checkpoint
+
+
+def test_in_this_process_every_fix_is_installed_and_works():
+    for fix in FIXES:
+        owner, name = where(fix.replaces)
+        assert key(fix) in installed(getattr(owner, name)), fix.replaces
+    dataset = FairseqDataset()
+    dataset.num_tokens = dataset.num_tokens_vec = lambda i: np.ones_like(i)
+    assert sum(map(len, dataset.batch_by_size(np.arange(20), max_sentences=8, required_batch_size_multiple=8))) == 20
+    assert GUARD in installed(checkpoint_utils.load_checkpoint_to_cpu)
+
+
+def test_a_switch_that_is_neither_0_nor_1_is_refused():
+    result = run(sys.executable, "-c", "import fairseq_realformer", env={SWITCH: "off"}, check=False)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"{SWITCH}=off: 1 (the default) installs the plugin's fixes to fairseq, 0 none of them")
+
+
+def key(fix):
+    return f"{fix.wrap.__module__}.{fix.wrap.__qualname__}"
+
+
+@pytest.mark.parametrize("fix", sorted({fix.wrap for fix in FIXES}, key=lambda wrap: wrap.__name__),
+                         ids=lambda wrap: wrap.__name__)  # fmt: skip
+def test_each_fix_says_its_call_site_and_what_changes_for_a_stock_transformer(fix):
+    doc = " ".join(fix.__doc__.split())
+    assert "Call site:" in doc and "stock ``transformer``" in doc
+
+
+def docs_table():
+    """The rows of docs/checkpoints-and-errors.md's table of fixes: (fix, replaces)."""
+    text = (Path(REPO) / "docs" / "checkpoints-and-errors.md").read_text()
+    section = text.split("## fairseq defects fixed by the plugin")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [tuple(re.findall(r"`([^`]+)`", row)[:2]) for row in rows]
+
+
+def test_the_docs_table_lists_exactly_the_fixes_in_their_order():
+    assert docs_table() == [(fix.wrap.__name__, fix.replaces) for fix in FIXES]
