@@ -132,3 +132,29 @@ def docs_table():
 
 def test_the_docs_table_lists_exactly_the_fixes_in_their_order():
     assert docs_table() == [(fix.wrap.__name__, fix.replaces) for fix in FIXES]
+
+
+def test_a_checkpoint_copy_stopped_half_way_leaves_the_old_file_whole(tmp_path):
+    """fairseq-train copies each saved checkpoint to checkpoint_last.pt, ...: through
+    copy_checkpoints_whole a copy stopped half way (here a KeyboardInterrupt after half the bytes)
+    leaves the destination's old bytes and no partial file; a copy that finishes gives the same
+    bytes, and fairseq's own PathManager.copy goes through it."""
+    from fairseq.file_io import PathManager
+
+    from fairseq_realformer.fairseq_fixes.checkpoint_files import copy_checkpoints_whole
+
+    new, last = tmp_path / "checkpoint2.pt", tmp_path / "checkpoint_last.pt"
+    new.write_bytes(b"new checkpoint " * 1000)
+    last.write_bytes(b"old checkpoint")
+
+    def stopped_half_way(src_path, dst_path, overwrite=False):
+        with open(src_path, "rb") as src, open(dst_path, "wb") as dst:
+            dst.write(src.read()[: new.stat().st_size // 2])
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        copy_checkpoints_whole(stopped_half_way)(str(new), str(last), overwrite=True)
+    assert last.read_bytes() == b"old checkpoint" and sorted(p.name for p in tmp_path.iterdir()) == [new.name, last.name]
+    assert "copy_checkpoints_whole" in " ".join(installed(PathManager.copy))
+    assert PathManager.copy(str(new), str(last), overwrite=True)
+    assert last.read_bytes() == new.read_bytes() and not (tmp_path / "checkpoint_last.pt.partial").exists()

@@ -22,6 +22,7 @@ from ..errors import RealformerConfigError
 from ..patching import patch
 from .batching import keep_last_batch
 from .checkpoint_files import (
+    copy_checkpoints_whole,
     name_missing_checkpoints,
     name_missing_finetune_model,
     name_missing_folders,
@@ -63,6 +64,7 @@ FIXES = (
     Fix(name_missing_finetune_model, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(refuse_missing_restore_file, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(restart_wall_clock, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
+    Fix(copy_checkpoints_whole, "fairseq.file_io.PathManager.copy", ("fairseq.checkpoint_utils.save_checkpoint",)),
     Fix(check_precision, "fairseq.trainer.Trainer.__init__", ("fairseq_cli.train.main",)),
     Fix(bf16_without_tpu, "fairseq.distributed.utils.call_main",
         ("fairseq_cli.train.cli_main", "fairseq_cli.interactive.cli_main")),

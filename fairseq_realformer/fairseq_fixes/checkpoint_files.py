@@ -13,6 +13,37 @@ from .. import checkpoints
 from ..errors import RealformerConfigError
 
 
+def copy_checkpoints_whole(copy):
+    """fairseq-train saves each checkpoint atomically (a ``.tmp`` file, renamed), then copies it to
+    ``checkpoint_last.pt``, ``checkpoint_best.pt``, ... in place. A run stopped during one of those
+    copies (Ctrl-C, a job's time limit, a killed session) leaves ``checkpoint_last.pt`` cut short,
+    and the same command run again stops on it instead of resuming. Copy to a file beside the
+    destination and rename it: the destination is always the old file or the new one, whole.
+
+    Call site: ``checkpoint_utils.save_checkpoint`` calls ``PathManager.copy(checkpoints[0], cp,
+    overwrite=True)`` for each further checkpoint name.
+
+    A stock ``transformer`` run: the same files with the same bytes; a file ``NAME.partial`` exists
+    beside each during its copy. Paths that ioPath's remote handlers serve
+    (``PathManager.path_requires_pathmanager``), and a copy that must not overwrite an existing
+    file, are copied by fairseq as before."""
+
+    @functools.wraps(copy)
+    def copy_then_rename(src_path, dst_path, overwrite=False):
+        if PathManager.path_requires_pathmanager(dst_path) or (not overwrite and os.path.exists(dst_path)):
+            return copy(src_path, dst_path, overwrite)
+        partial = f"{dst_path}.partial"
+        try:
+            copied = copy(src_path, partial, True)
+            os.replace(partial, dst_path)
+        finally:
+            if os.path.exists(partial):  # the copy failed: the destination is untouched
+                os.remove(partial)
+        return dst_path if isinstance(copied, str) else copied  # shutil.copyfile's answer is the destination
+
+    return copy_then_rename
+
+
 def name_missing_checkpoints(load_model_ensemble_and_task):
     """fairseq-generate, fairseq-interactive and the hub stop on a checkpoint path that does not
     exist with a traceback (``OSError: Model file not found``). Name the file in one line instead.
