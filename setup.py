@@ -1,4 +1,5 @@
 """fairseq-realformer: RealFormer residual attention and ADMIN deep Transformers for fairseq."""
+
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -27,7 +28,7 @@ setup(
     ],
     extras_require={
         "fairseq": ["ve-fairseq==0.12.3", "torchaudio==2.11.0"],
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "ruff==0.17.6"],
     },
     entry_points={
         "console_scripts": [

@@ -14,6 +14,7 @@ median of each and the medians of the per-repeat ratios analysis / forward and a
 
     python benchmarks/analysis_speed.py DATA_BIN --checkpoints CKPT --max-sentences 1000 --cpu
 """
+
 import argparse
 import json
 import os
@@ -35,8 +36,11 @@ def timed(run) -> float:
 
 
 def main(argv=None) -> None:
-    own = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                  epilog="Other flags: those of realformer-analyze (one checkpoint).")  # fmt: skip
+    own = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Other flags: those of realformer-analyze (one checkpoint).",
+    )
     own.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)")
     own.add_argument("--json-out", metavar="FILE", help="also write the timings as JSON")
     bench, rest = own.parse_known_args(argv)
@@ -68,24 +72,32 @@ def main(argv=None) -> None:
     for _ in range(bench.repeats):
         for name, run in runs.items():
             times[name].append(timed(run))
-    ratios = {f"analysis/{name}": [a / b for a, b in zip(times["analysis"], times[name])] for name in ("forward", "features")}
+    ratios = {
+        f"analysis/{name}": [a / b for a, b in zip(times["analysis"], times[name])] for name in ("forward", "features")
+    }
     result = {
         "checkpoint": path,
         "split": args.gen_subset,
         "sentences": count,
         "target_tokens": tokens,
         "batches": len(samples),
-        "device": torch.cuda.get_device_name() if use_cuda else f"CPU ({platform.processor() or platform.machine()}), "
+        "device": torch.cuda.get_device_name()
+        if use_cuda
+        else f"CPU ({platform.processor() or platform.machine()}), "
         f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores",
         "median_s": {name: statistics.median(t) for name, t in times.items()},
         "median_ratio": {name: statistics.median(r) for name, r in ratios.items()},
         "repeats_s": times,
     }
-    print(f"{count} sentences ({tokens} target tokens, {len(samples)} batches) of {args.gen_subset!r}, {result['device']}")
+    print(
+        f"{count} sentences ({tokens} target tokens, {len(samples)} batches) of {args.gen_subset!r}, {result['device']}"
+    )
     for name, t in times.items():
         print(f"{name:<9} {statistics.median(t):6.2f} s  (repeats: {', '.join(f'{x:.2f}' for x in t)})")
     for name, r in ratios.items():
-        print(f"{name}: {statistics.median(r):.2f}x (median of the per-repeat ratios {', '.join(f'{x:.2f}' for x in r)})")
+        print(
+            f"{name}: {statistics.median(r):.2f}x (median of the per-repeat ratios {', '.join(f'{x:.2f}' for x in r)})"
+        )
     if bench.json_out:
         with open(bench.json_out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

@@ -20,6 +20,7 @@ training run wrote, every hypothesis forced to 24 tokens (--min-len 24 --max-len
 untrained model would stop after one token, and a forced length makes both precisions decode the
 same steps.
 """
+
 import argparse
 import datetime
 import json
@@ -34,11 +35,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quality import PRESETS  # noqa: E402
 from repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
 
-SMALL = ("--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
-         "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-         "--encoder-layers", "4", "--decoder-layers", "4")  # fmt: skip
+# the quality study's model (quality.py --preset cpu): 4+4 layers, d=128
+SMALL = (*PRESETS["cpu"].model, "--encoder-layers", "4", "--decoder-layers", "4")
 MODELS = {
     "wmt-transformer": ("--arch", "transformer_wmt_en_de", "--max-tokens", "2048"),
     "wmt-realformer": ("--arch", "realformer_wmt_en_de", "--max-tokens", "2048"),
@@ -47,11 +48,38 @@ MODELS = {
 }
 TEST_SENTENCES = 1000  # test_2016_flickr
 GEN_LENGTH = 24  # every hypothesis: about a Multi30k sentence's length in pieces
-TRAIN = ("--user-dir", str(USER_DIR), "--source-lang", "en", "--target-lang", "de", "--share-all-embeddings",
-         "--dropout", "0.3", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "1e-3",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--seed", "1",
-         "--num-workers", "0", "--log-format", "json", "--no-progress-bar", "--disable-validation",
-         "--no-epoch-checkpoints", "--save-interval-updates", "1000000")  # fmt: skip
+TRAIN = (
+    "--user-dir",
+    str(USER_DIR),
+    "--source-lang",
+    "en",
+    "--target-lang",
+    "de",
+    "--share-all-embeddings",
+    "--dropout",
+    "0.3",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9,0.98)",
+    "--lr",
+    "1e-3",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--label-smoothing",
+    "0.1",
+    "--seed",
+    "1",
+    "--num-workers",
+    "0",
+    "--log-format",
+    "json",
+    "--no-progress-bar",
+    "--disable-validation",
+    "--no-epoch-checkpoints",
+    "--save-interval-updates",
+    "1000000",
+)
 
 
 def parse_args(argv=None):
@@ -69,8 +97,13 @@ def parse_args(argv=None):
     p.add_argument("--json", help="also write the numbers here")
     args = p.parse_args(argv)
     if args.quick:
-        args.models, args.updates, args.log_interval, args.repeats, args.gen_sentences = \
-            "small-transformer,small-realformer", 12, 4, 1, 40  # fmt: skip
+        args.models, args.updates, args.log_interval, args.repeats, args.gen_sentences = (
+            "small-transformer,small-realformer",
+            12,
+            4,
+            1,
+            40,
+        )
     args.models = args.models.split(",")
     unknown = set(args.models) - set(MODELS)
     if unknown:
@@ -84,8 +117,15 @@ def parse_args(argv=None):
 def prepare(args) -> Path:
     data = args.out / "data"
     if not (data / "bin" / "dict.de.txt").exists():
-        cmd = ["bash", str(REPO / "examples" / "multi30k" / "run.sh"), "--prepare-only", "--test-sets",
-               "test_2016_flickr", args.data, str(data)]  # fmt: skip
+        cmd = [
+            "bash",
+            str(REPO / "examples" / "multi30k" / "run.sh"),
+            "--prepare-only",
+            "--test-sets",
+            "test_2016_flickr",
+            args.data,
+            str(data),
+        ]
         print(f"[bf16-speed] data: {shlex.join(cmd)}", flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return data / "bin"
@@ -107,34 +147,79 @@ def run_measured(cmd, env, log_path):
 def train(args, data, model, precision, repeat):
     work = args.out / f"{model}-{precision}-{repeat}"
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], "--max-update", str(args.updates),
-           "--log-interval", str(args.log_interval), "--save-dir", str(work / "ckpt"), "--cpu",
-           *(["--bf16"] if precision == "bf16" else [])]  # fmt: skip
+    cmd = [
+        str(VENV / "bin" / "fairseq-train"),
+        str(data),
+        *TRAIN,
+        *MODELS[model],
+        "--max-update",
+        str(args.updates),
+        "--log-interval",
+        str(args.log_interval),
+        "--save-dir",
+        str(work / "ckpt"),
+        "--cpu",
+        *(["--bf16"] if precision == "bf16" else []),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     output, peak, _ = run_measured(cmd, env, work / "train.log")
-    lines = [json.loads(line.split("| train_inner | ", 1)[1]) for line in output.splitlines() if "| train_inner | " in line]
+    lines = [
+        json.loads(line.split("| train_inner | ", 1)[1]) for line in output.splitlines() if "| train_inner | " in line
+    ]
     wps = [float(entry["wps"]) for entry in lines[1:]]  # the first interval is warm-up
     # tokens/s over the timed intervals: their tokens over their time (harmonic mean of wps)
     tokens_per_s = len(wps) / sum(1 / w for w in wps)
-    return {"tokens_per_s": round(tokens_per_s, 1), "peak_rss_mb": round(peak / 2**20, 1),
-            "checkpoint": str(work / "ckpt" / "checkpoint_last.pt"), "command": shlex.join(cmd)}  # fmt: skip
+    return {
+        "tokens_per_s": round(tokens_per_s, 1),
+        "peak_rss_mb": round(peak / 2**20, 1),
+        "checkpoint": str(work / "ckpt" / "checkpoint_last.pt"),
+        "command": shlex.join(cmd),
+    }
 
 
 def generate(args, data, checkpoint, precision, work):
-    cmd = [str(VENV / "bin" / "fairseq-generate"), str(data), "--user-dir", str(USER_DIR), "--path", checkpoint,
-           "--source-lang", "en", "--target-lang", "de", "--gen-subset", "test", "--beam", "5",
-           "--batch-size", "64", "--min-len", str(GEN_LENGTH), "--max-len-a", "0", "--max-len-b", str(GEN_LENGTH),
-           # one shard of the 1,000-sentence test set (fairseq-generate shards by "rank")
-           "--distributed-world-size", str(max(1, TEST_SENTENCES // args.gen_sentences)), "--distributed-rank", "0",
-           "--cpu", *(["--bf16"] if precision == "bf16" else [])]  # fmt: skip
+    cmd = [
+        str(VENV / "bin" / "fairseq-generate"),
+        str(data),
+        "--user-dir",
+        str(USER_DIR),
+        "--path",
+        checkpoint,
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--gen-subset",
+        "test",
+        "--beam",
+        "5",
+        "--batch-size",
+        "64",
+        "--min-len",
+        str(GEN_LENGTH),
+        "--max-len-a",
+        "0",
+        "--max-len-b",
+        str(GEN_LENGTH),
+        # one shard of the 1,000-sentence test set (fairseq-generate shards by "rank")
+        "--distributed-world-size",
+        str(max(1, TEST_SENTENCES // args.gen_sentences)),
+        "--distributed-rank",
+        "0",
+        "--cpu",
+        *(["--bf16"] if precision == "bf16" else []),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     output, _, _ = run_measured(cmd, env, work / f"generate-{precision}.log")
     match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s", output)
     if not match:
         raise SystemExit(f"bf16_speed.py: error: no timing line in {work / f'generate-{precision}.log'}")
     sentences, tokens, seconds, _ = match.groups()
-    return {"sentences": int(sentences.replace(",", "")), "tokens": int(tokens.replace(",", "")),
-            "sentences_per_s": round(int(sentences.replace(",", "")) / float(seconds), 2)}  # fmt: skip
+    return {
+        "sentences": int(sentences.replace(",", "")),
+        "tokens": int(tokens.replace(",", "")),
+        "sentences_per_s": round(int(sentences.replace(",", "")) / float(seconds), 2),
+    }
 
 
 def measure(args, data, model):
@@ -142,8 +227,11 @@ def measure(args, data, model):
     for repeat in range(args.repeats):
         for precision in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):  # alternate the order
             result = train(args, data, model, precision, repeat)
-            print(f"[bf16-speed {time.strftime('%H:%M:%S')}] {model} {precision} #{repeat + 1}: "
-                  f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+            print(
+                f"[bf16-speed {time.strftime('%H:%M:%S')}] {model} {precision} #{repeat + 1}: "
+                f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
             runs[precision].append(result)
     checkpoint = runs["fp32"][0]["checkpoint"]  # the same weights translated both ways
     work = Path(checkpoint).parent.parent
@@ -163,22 +251,28 @@ def measure(args, data, model):
     fp32, bf16 = summary["fp32"], summary["bf16"]
     summary["ratio"] = {
         "train_tokens_per_s": round(bf16["tokens_per_s"] / fp32["tokens_per_s"], 2),
-        "train_tokens_per_s_paired": round(statistics.median(b["tokens_per_s"] / f["tokens_per_s"]
-                                                             for f, b in zip(runs["fp32"], runs["bf16"])), 2),
+        "train_tokens_per_s_paired": round(
+            statistics.median(b["tokens_per_s"] / f["tokens_per_s"] for f, b in zip(runs["fp32"], runs["bf16"])), 2
+        ),
         "gen_sentences_per_s": round(bf16["gen_sentences_per_s"] / fp32["gen_sentences_per_s"], 2),
         "peak_rss": round(bf16["peak_rss_mb"] / fp32["peak_rss_mb"], 2),
-    }  # fmt: skip
+    }
     return summary
 
 
 def report(results):
-    rows = ["| model | training tokens/s fp32 | bf16 | × | paired × | beam-5 sentences/s fp32 | bf16 | × "
-            "| peak RSS MB fp32 | bf16 | × |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model | training tokens/s fp32 | bf16 | × | paired × | beam-5 sentences/s fp32 | bf16 | × "
+        "| peak RSS MB fp32 | bf16 | × |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model, r in results.items():
         f, b, x = r["fp32"], r["bf16"], r["ratio"]
-        rows.append(f"| {model} | {f['tokens_per_s']:.0f} | {b['tokens_per_s']:.0f} | {x['train_tokens_per_s']:.2f} | "
-                    f"{x['train_tokens_per_s_paired']:.2f} | {f['gen_sentences_per_s']:.1f} | {b['gen_sentences_per_s']:.1f} | "
-                    f"{x['gen_sentences_per_s']:.2f} | {f['peak_rss_mb']:.0f} | {b['peak_rss_mb']:.0f} | {x['peak_rss']:.2f} |")  # fmt: skip
+        rows.append(
+            f"| {model} | {f['tokens_per_s']:.0f} | {b['tokens_per_s']:.0f} | {x['train_tokens_per_s']:.2f} | "
+            f"{x['train_tokens_per_s_paired']:.2f} | {f['gen_sentences_per_s']:.1f} | {b['gen_sentences_per_s']:.1f} | "
+            f"{x['gen_sentences_per_s']:.2f} | {f['peak_rss_mb']:.0f} | {b['peak_rss_mb']:.0f} | {x['peak_rss']:.2f} |"
+        )
     return "\n".join(rows)
 
 
@@ -190,15 +284,27 @@ def main(argv=None):
     if args.json:
         import torch
 
-        Path(args.json).write_text(json.dumps({
-            "what": "bf16 mixed precision (--bf16) against float32: fairseq-train's tokens/s and peak RSS, "
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "what": "bf16 mixed precision (--bf16) against float32: fairseq-train's tokens/s and peak RSS, "
                     "fairseq-generate beam 5 sentences/s, Multi30k En-De, on a CPU",
-            "command": "python benchmarks/bf16_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-            "machine": args.machine, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()), "threads": args.threads,
-            "updates": args.updates, "log_interval": args.log_interval, "repeats": args.repeats,
-            "gen_sentences": args.gen_sentences, "results": results,
-        }, indent=1) + "\n")  # fmt: skip
+                    "command": "python benchmarks/bf16_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+                    "machine": args.machine,
+                    "date": datetime.date.today().isoformat(),
+                    "torch": torch.__version__,
+                    "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()),
+                    "threads": args.threads,
+                    "updates": args.updates,
+                    "log_interval": args.log_interval,
+                    "repeats": args.repeats,
+                    "gen_sentences": args.gen_sentences,
+                    "results": results,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"[bf16-speed] wrote {args.json}")
 
 

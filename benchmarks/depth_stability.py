@@ -12,6 +12,7 @@ on NaN/Inf gradients or its loss ended above where it started.
 Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are kept in --out and
 a re-run skips finished variants.
 """
+
 import argparse
 import json
 import math
@@ -59,10 +60,29 @@ def prepare(args, out: Path) -> Path:
     fairseq-preprocess (scripts/binarize.py; skipped when done)."""
     bin_dir, data = out / "bin", Path(args.data)
     log(f"data: {args.pairs} train / {args.valid_pairs} valid pairs from {args.data} -> {bin_dir}")
-    subprocess.run([sys.executable, str(REPO / "scripts" / "binarize.py"), "--source-lang", "en", "--target-lang", "de",
-                    "--trainpref", str(data / "train"), "--validpref", str(data / "val"),
-                    "--max-lines", f"train={args.pairs},valid={args.valid_pairs}", "--spm-vocab", str(args.vocab),
-                    "--spm-dir", str(out / "spm"), "--destdir", str(bin_dir)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "binarize.py"),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--trainpref",
+            str(data / "train"),
+            "--validpref",
+            str(data / "val"),
+            "--max-lines",
+            f"train={args.pairs},valid={args.valid_pairs}",
+            "--spm-vocab",
+            str(args.vocab),
+            "--spm-dir",
+            str(out / "spm"),
+            "--destdir",
+            str(bin_dir),
+        ],
+        check=True,
+    )
     return bin_dir
 
 
@@ -81,19 +101,61 @@ def variant_flags(args, variant: str):
 def train_flags(args, bin_dir: Path, variant: str):
     enc, dec = args.layers.split("-")
     return [
-        str(bin_dir), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en",
-        "--encoder-layers", enc, "--decoder-layers", dec,
-        "--encoder-embed-dim", str(args.dim), "--decoder-embed-dim", str(args.dim),
-        "--encoder-ffn-embed-dim", str(args.ffn), "--decoder-ffn-embed-dim", str(args.ffn),
-        "--encoder-attention-heads", str(args.heads), "--decoder-attention-heads", str(args.heads),
-        "--share-all-embeddings", "--dropout", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", str(args.lr),
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-7",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update), "--seed", str(args.seed),
-        "--num-workers", "0", "--log-format", "json", "--log-interval", "10", "--no-save",
+        str(bin_dir),
+        "--user-dir",
+        str(USER_DIR),
+        "--arch",
+        "realformer_iwslt_de_en",
+        "--encoder-layers",
+        enc,
+        "--decoder-layers",
+        dec,
+        "--encoder-embed-dim",
+        str(args.dim),
+        "--decoder-embed-dim",
+        str(args.dim),
+        "--encoder-ffn-embed-dim",
+        str(args.ffn),
+        "--decoder-ffn-embed-dim",
+        str(args.ffn),
+        "--encoder-attention-heads",
+        str(args.heads),
+        "--decoder-attention-heads",
+        str(args.heads),
+        "--share-all-embeddings",
+        "--dropout",
+        "0.1",
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9,0.98)",
+        "--lr",
+        str(args.lr),
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        str(args.warmup),
+        "--warmup-init-lr",
+        "1e-7",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-update",
+        str(args.max_update),
+        "--seed",
+        str(args.seed),
+        "--num-workers",
+        "0",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "10",
+        "--no-save",
         *variant_flags(args, variant),
-    ]  # fmt: skip
+    ]
 
 
 def first_layer_grad_norms(flags):
@@ -144,14 +206,20 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
     finite = all(math.isfinite(x) for x in train) and (valid is None or math.isfinite(valid))
     diverged = stopped_on_nan or not finite or (len(train) > 1 and train[-1] >= train[0])
     result = {
-        "variant": variant, "first_train_loss": train[0] if train else None,
-        "final_train_loss": train[-1] if train else None, "valid_loss": valid, "diverged": diverged,
-        "grad_norm_encoder_layer0": enc_norm, "grad_norm_decoder_layer0": dec_norm,
+        "variant": variant,
+        "first_train_loss": train[0] if train else None,
+        "final_train_loss": train[-1] if train else None,
+        "valid_loss": valid,
+        "diverged": diverged,
+        "grad_norm_encoder_layer0": enc_norm,
+        "grad_norm_decoder_layer0": dec_norm,
         "wall_s": round(time.time() - start, 1),
-    }  # fmt: skip
+    }
     result_file.write_text(json.dumps(result, indent=1))
-    log(f"{variant}: train loss {result['first_train_loss']} -> {result['final_train_loss']}, "
-        f"valid {valid}, diverged {diverged} ({result['wall_s']} s)")  # fmt: skip
+    log(
+        f"{variant}: train loss {result['first_train_loss']} -> {result['final_train_loss']}, "
+        f"valid {valid}, diverged {diverged} ({result['wall_s']} s)"
+    )
     return result
 
 
@@ -164,11 +232,13 @@ def table(args, results):
         "",
         "| variant | grad norm enc. layer 1 | grad norm dec. layer 1 | train loss start → end | valid loss | diverged |",
         "|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for r in results:
-        lines.append(f"| {r['variant']} | {r['grad_norm_encoder_layer0']:.3g} | {r['grad_norm_decoder_layer0']:.3g} | "
-                     f"{fmt(r['first_train_loss'])} → {fmt(r['final_train_loss'])} | {fmt(r['valid_loss'])} | "
-                     f"{'**yes**' if r['diverged'] else 'no'} |")  # fmt: skip
+        lines.append(
+            f"| {r['variant']} | {r['grad_norm_encoder_layer0']:.3g} | {r['grad_norm_decoder_layer0']:.3g} | "
+            f"{fmt(r['first_train_loss'])} → {fmt(r['final_train_loss'])} | {fmt(r['valid_loss'])} | "
+            f"{'**yes**' if r['diverged'] else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -179,8 +249,10 @@ def main():
     settings = {k: v for k, v in vars(args).items() if k not in ("variants", "json", "out")}
     settings_file = out / "settings.json"
     if settings_file.exists() and json.loads(settings_file.read_text()) != settings:
-        raise SystemExit(f"depth_stability.py: error: --out {out} holds results of other settings "
-                         f"({settings_file}); choose another --out")  # fmt: skip
+        raise SystemExit(
+            f"depth_stability.py: error: --out {out} holds results of other settings "
+            f"({settings_file}); choose another --out"
+        )
     settings_file.write_text(json.dumps(settings, indent=1))
     bin_dir = prepare(args, out)
     results = [run_variant(args, bin_dir, out, v) for v in args.variants]

@@ -2,6 +2,7 @@
 (``train_inner``), its end-of-epoch training (``train``) and validation (``valid``) lines, in either
 ``--log-format`` (simple or json), as a kind and a dict of numbers (``loss``, ``num_updates``,
 ``wps``, ``epoch``, ...; json's ``train_``/``valid_`` prefixes dropped, NaN and inf kept)."""
+
 import json
 import math
 import re
@@ -34,12 +35,18 @@ def parse(line):
         except ValueError:
             return None
         prefix = f"{kind}_"
-        fields = _numbers((name[len(prefix):] if name.startswith(prefix) else name, value) for name, value in raw.items())
+        fields = _numbers(
+            (name[len(prefix) :] if name.startswith(prefix) else name, value) for name, value in raw.items()
+        )
     else:
         epoch = _EPOCH.match(rest)
         if epoch is None:
             return None
-        fields = _numbers((_INNER_FIELD if kind == "train_inner" else _EPOCH_FIELD).findall(rest if kind == "train_inner" else f"| {rest}"))
+        fields = _numbers(
+            (_INNER_FIELD if kind == "train_inner" else _EPOCH_FIELD).findall(
+                rest if kind == "train_inner" else f"| {rest}"
+            )
+        )
         fields["epoch"] = int(epoch.group(1))
     if "epoch" in fields and math.isfinite(fields["epoch"]):
         fields["epoch"] = int(fields["epoch"])

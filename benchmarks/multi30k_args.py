@@ -1,15 +1,22 @@
 """The arguments the Multi30k benchmarks share: the data folder, the variants, a JSON file."""
+
 from pathlib import Path
 
 from repo import MULTI30K, VARIANTS, parse_variants
 
 
 def add(parser, default_variants: str) -> None:
-    parser.add_argument("--data", default=str(MULTI30K),
-                        help="Multi30k task-1 folder (train/val/test_* .LANG.gz) (default: %(default)s)")
-    parser.add_argument("--variants", default=default_variants,
-                        help=f"comma list of {', '.join(VARIANTS)} (fairseq_realformer/variants.py; default: %(default)s)")
-    parser.add_argument("--json", help="also write the results here")  # fmt: skip
+    parser.add_argument(
+        "--data",
+        default=str(MULTI30K),
+        help="Multi30k task-1 folder (train/val/test_* .LANG.gz) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=default_variants,
+        help=f"comma list of {', '.join(VARIANTS)} (fairseq_realformer/variants.py; default: %(default)s)",
+    )
+    parser.add_argument("--json", help="also write the results here")
 
 
 def check(parser, args) -> None:

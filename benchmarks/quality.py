@@ -53,6 +53,7 @@ Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run eac
 --warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS; with --bf16, which trains and
 translates in bfloat16 mixed precision, OUT/VARIANT-...-bf16/seedS).
 """
+
 import argparse
 import datetime
 import fcntl
@@ -105,11 +106,27 @@ class Preset:
 PRESETS = {
     "gpu": Preset(epochs=12, describe="6+6 layers, d=512, FFN 1024"),
     "cpu": Preset(
-        epochs=20, layers=4, lr=2e-3, warmup=400, linear_decay=True,
-        model=("--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
-               "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"),
+        epochs=20,
+        layers=4,
+        lr=2e-3,
+        warmup=400,
+        linear_decay=True,
+        model=(
+            "--encoder-embed-dim",
+            "128",
+            "--decoder-embed-dim",
+            "128",
+            "--encoder-ffn-embed-dim",
+            "256",
+            "--decoder-ffn-embed-dim",
+            "256",
+            "--encoder-attention-heads",
+            "4",
+            "--decoder-attention-heads",
+            "4",
+        ),
         describe="4+4 layers, d=128, FFN 256",
-    ),  # fmt: skip
+    ),
     "quick": Preset(epochs=2, layers=2, describe="--quick (recipe --tiny: 300 lines, d=32)"),
 }
 
@@ -117,30 +134,55 @@ PRESETS = {
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="work folder (default: runs/quality-SRC-TGT-PRESET)")
-    p.add_argument("--preset", choices=("gpu", "cpu"), default="gpu", help="model size and schedule (default: %(default)s)")
+    p.add_argument(
+        "--preset", choices=("gpu", "cpu"), default="gpu", help="model size and schedule (default: %(default)s)"
+    )
     p.add_argument("--quick", action="store_true", help="the recipe's --tiny mode, 2+2 layers: minutes on a CPU")
     p.add_argument("--seeds", default="1", metavar="1,2,3", help="comma list of seeds (default: %(default)s)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="trainings side by side, one thread each (default: 1)")
+    p.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="trainings side by side, one thread each (default: 1)"
+    )
     p.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
-    p.add_argument("--lr", metavar="LR[,LR...]",
-                   help="peak learning rate (default: the preset's); several: a sweep, each its own runs")
-    p.add_argument("--best-seeds", metavar="2,3", dest="best_seeds_given",
-                   help="with several --lr: then train these seeds too, for each variant at the rate whose "
-                        "--seeds runs scored the best validation BLEU")
-    p.add_argument("--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)")
+    p.add_argument(
+        "--lr",
+        metavar="LR[,LR...]",
+        help="peak learning rate (default: the preset's); several: a sweep, each its own runs",
+    )
+    p.add_argument(
+        "--best-seeds",
+        metavar="2,3",
+        dest="best_seeds_given",
+        help="with several --lr: then train these seeds too, for each variant at the rate whose "
+        "--seeds runs scored the best validation BLEU",
+    )
+    p.add_argument(
+        "--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)"
+    )
     p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
-    p.add_argument("--bf16", action="store_true",
-                   help="train and translate in bfloat16 mixed precision (the recipe's --bf16; folders VARIANT-bf16)")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="train and translate in bfloat16 mixed precision (the recipe's --bf16; folders VARIANT-bf16)",
+    )
     p.add_argument("--source-lang", default="en", help="en, de, fr or cs (default: %(default)s)")
     p.add_argument("--target-lang", default="de", help="en, de, fr or cs (default: %(default)s)")
-    p.add_argument("--test-sets", metavar="A,B,...",
-                   help="test sets of --data to score (default: every test_* set in both languages)")
+    p.add_argument(
+        "--test-sets",
+        metavar="A,B,...",
+        help="test sets of --data to score (default: every test_* set in both languages)",
+    )
     p.add_argument("--report-only", action="store_true", help="train nothing: report the runs already finished")
     p.add_argument("--figures", metavar="DIR", help="draw the learning curves and the BLEU per seed into DIR")
-    p.add_argument("--beside", metavar="JSON",
-                   help="a sweep's figure also draws this other sweep's lines, dashed (e.g. 4+4 beside 12+12 layers)")
-    p.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
-                   help="the machine, for the figures' titles and the JSON (default: %(default)s)")
+    p.add_argument(
+        "--beside",
+        metavar="JSON",
+        help="a sweep's figure also draws this other sweep's lines, dashed (e.g. 4+4 beside 12+12 layers)",
+    )
+    p.add_argument(
+        "--machine",
+        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        help="the machine, for the figures' titles and the JSON (default: %(default)s)",
+    )
     multi30k_args.add(p, DEFAULT_VARIANTS)
     args = p.parse_args(argv)
     multi30k_args.check(p, args)
@@ -165,13 +207,21 @@ def parse_args(argv=None):
     args.preset_name = "quick" if args.quick else args.preset
     preset = PRESETS[args.preset_name]
     # runs with settings given on the command line get their own folders: OUT/post-ln-lr0.002/seed1
-    args.run_suffix = "".join(f"-{name}{getattr(args, name):g}" for name in ("warmup", "epochs", "layers")
-                              if getattr(args, name) is not None) + ("-bf16" if args.bf16 else "")  # fmt: skip
+    args.run_suffix = "".join(
+        f"-{name}{getattr(args, name):g}" for name in ("warmup", "epochs", "layers") if getattr(args, name) is not None
+    ) + ("-bf16" if args.bf16 else "")
     lrs = args.lrs if lr_given is not None else [preset.lr]
     sweep = len(lrs) > 1
-    args.configs = [RunConfig(f"{variant} lr={lr:g}" if sweep else variant, variant, lr,
-                              (f"-lr{lr:g}" if lr_given is not None else "") + args.run_suffix)
-                    for variant in args.variants for lr in lrs]  # fmt: skip
+    args.configs = [
+        RunConfig(
+            f"{variant} lr={lr:g}" if sweep else variant,
+            variant,
+            lr,
+            (f"-lr{lr:g}" if lr_given is not None else "") + args.run_suffix,
+        )
+        for variant in args.variants
+        for lr in lrs
+    ]
     args.sweep, args.lr, args.lrs = sweep, None if sweep else lrs[0], lrs
     args.best_seeds = []
     if args.best_seeds_given is not None:
@@ -182,7 +232,9 @@ def parse_args(argv=None):
         if not sweep:
             p.error("--best-seeds: needs several --lr to choose from")
         if set(args.best_seeds) & set(args.seeds):
-            p.error(f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, args.seeds))}")
+            p.error(
+                f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, args.seeds))}"
+            )
     args.epochs = args.epochs or preset.epochs
     args.layers = args.layers or preset.layers
     args.warmup = preset.warmup if args.warmup is None else args.warmup
@@ -193,8 +245,13 @@ def parse_args(argv=None):
 
 
 def recipe_language_flags(args):
-    return ["--source-lang", args.source_lang, "--target-lang", args.target_lang,
-            *(["--test-sets", args.test_sets] if args.test_sets else [])]  # fmt: skip
+    return [
+        "--source-lang",
+        args.source_lang,
+        "--target-lang",
+        args.target_lang,
+        *(["--test-sets", args.test_sets] if args.test_sets else []),
+    ]
 
 
 def recipe_run_flags(args):
@@ -205,8 +262,15 @@ def recipe_run_flags(args):
 def prepare_data(args):
     """Binarise the data once for every run (run.sh --prepare-only; skipped when done)."""
     data_dir = args.out / "data"
-    cmd = ["bash", str(RECIPE), *(["--tiny"] if args.quick else []), "--prepare-only", *recipe_language_flags(args),
-           args.data, str(data_dir)]  # fmt: skip
+    cmd = [
+        "bash",
+        str(RECIPE),
+        *(["--tiny"] if args.quick else []),
+        "--prepare-only",
+        *recipe_language_flags(args),
+        args.data,
+        str(data_dir),
+    ]
     print(f"[quality] data: {' '.join(cmd)}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "prepare.log", "a") as log:
@@ -217,19 +281,35 @@ def prepare_data(args):
 
 def recipe_error(log_path, what):
     errors = [line for line in log_path.read_text().splitlines() if line.startswith("run.sh: error: ")]
-    return errors[-1][len("run.sh: error: "):] if errors else f"{what} failed; see {log_path}"
+    return errors[-1][len("run.sh: error: ") :] if errors else f"{what} failed; see {log_path}"
 
 
 def updates_per_epoch(args, data_dir):
     """How many updates one epoch makes (the linear decay ends with the last epoch); cached."""
     cache = data_dir / "updates_per_epoch"
     if not cache.exists():
-        cmd = [str(VENV / "bin" / "python"), str(UPDATES_PER_EPOCH), str(data_dir / "bin"), "--user-dir",
-               str(USER_DIR), "--arch", RECIPE_ARCH, "--source-lang", args.source_lang,
-               "--target-lang", args.target_lang, "--max-tokens", MAX_TOKENS, "--seed", "1"]  # fmt: skip
+        cmd = [
+            str(VENV / "bin" / "python"),
+            str(UPDATES_PER_EPOCH),
+            str(data_dir / "bin"),
+            "--user-dir",
+            str(USER_DIR),
+            "--arch",
+            RECIPE_ARCH,
+            "--source-lang",
+            args.source_lang,
+            "--target-lang",
+            args.target_lang,
+            "--max-tokens",
+            MAX_TOKENS,
+            "--seed",
+            "1",
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise SystemExit(f"quality.py: error: counting the updates per epoch failed: {result.stderr.strip().splitlines()[-1:]}")
+            raise SystemExit(
+                f"quality.py: error: counting the updates per epoch failed: {result.stderr.strip().splitlines()[-1:]}"
+            )
         cache.write_text(result.stdout.strip().splitlines()[-1] + "\n")
     return int(cache.read_text())
 
@@ -268,7 +348,8 @@ def finished(run_dir):
     """Nothing left to do: the run diverged, or it scored its test sets and the validation set (a
     run finished before the recipe scored validation sets runs again to score it, and only that)."""
     return diverged(run_dir) is not None or (
-        finished_test_sets(run_dir) is not None and (run_dir / "score" / "val" / "scores.json").exists())
+        finished_test_sets(run_dir) is not None and (run_dir / "score" / "val" / "scores.json").exists()
+    )
 
 
 class Runner:
@@ -280,8 +361,18 @@ class Runner:
 
     def command(self, config, seed, run_dir):
         # variant flags after the shared ones: admin-radam's --warmup-updates 0 must win
-        return ["bash", str(RECIPE), *recipe_run_flags(self.args), self.args.data, str(run_dir), "--",
-                *training_flags(self.args, self.data_dir, config.lr), *VARIANTS[config.variant], "--seed", str(seed)]  # fmt: skip
+        return [
+            "bash",
+            str(RECIPE),
+            *recipe_run_flags(self.args),
+            self.args.data,
+            str(run_dir),
+            "--",
+            *training_flags(self.args, self.data_dir, config.lr),
+            *VARIANTS[config.variant],
+            "--seed",
+            str(seed),
+        ]
 
     def run(self, config, seed):
         run_dir = run_folder(self.args, config, seed)
@@ -317,16 +408,30 @@ class Runner:
             with self.lock:
                 self.running.discard(process)
         with open(run_dir / "attempts.jsonl", "a") as attempts:
-            attempts.write(json.dumps({"started": datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds"),
-                                       "wall_s": round(time.time() - start, 1), "returncode": returncode}) + "\n")  # fmt: skip
+            attempts.write(
+                json.dumps(
+                    {
+                        "started": datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds"),
+                        "wall_s": round(time.time() - start, 1),
+                        "returncode": returncode,
+                    }
+                )
+                + "\n"
+            )
         if where is not None:  # stopped there, recorded, not retried
             (run_dir / "diverged.json").write_text(json.dumps(where) + "\n")
-            print(f"[quality {time.strftime('%H:%M:%S')}] {variant} seed {seed} diverged at update {where['update']}: "
-                  f"{where['reason']}; stopped", flush=True)  # fmt: skip
+            print(
+                f"[quality {time.strftime('%H:%M:%S')}] {variant} seed {seed} diverged at update {where['update']}: "
+                f"{where['reason']}; stopped",
+                flush=True,
+            )
             return None
         if returncode != 0:
             return "stopped" if self.stopping else recipe_error(run_dir / "recipe.log", f"{variant} seed {seed}")
-        print(f"[quality {time.strftime('%H:%M:%S')}] done {variant} seed {seed} in {time.time() - start:.0f} s", flush=True)
+        print(
+            f"[quality {time.strftime('%H:%M:%S')}] done {variant} seed {seed} in {time.time() - start:.0f} s",
+            flush=True,
+        )
         return None
 
     def wait_watching(self, process, run_dir):
@@ -381,10 +486,19 @@ def recorded_runs(args):
 
 def settings(args):
     # a float32 study's settings have no "bf16" (the studies committed before it existed)
-    return {"preset": args.preset_name, "epochs": args.epochs, "layers": args.layers, "lr": args.lr,
-            "warmup": args.warmup, "seeds": args.seeds, "variants": args.variants, "jobs": args.jobs,
-            **({"lrs": args.lrs} if args.sweep else {}), **({"best_seeds": args.best_seeds} if args.best_seeds else {}),
-            **({"bf16": True} if args.bf16 else {})}  # fmt: skip
+    return {
+        "preset": args.preset_name,
+        "epochs": args.epochs,
+        "layers": args.layers,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "seeds": args.seeds,
+        "variants": args.variants,
+        "jobs": args.jobs,
+        **({"lrs": args.lrs} if args.sweep else {}),
+        **({"best_seeds": args.best_seeds} if args.best_seeds else {}),
+        **({"bf16": True} if args.bf16 else {}),
+    }
 
 
 def run_all(args, data_dir, recorded):
@@ -395,6 +509,7 @@ def run_all(args, data_dir, recorded):
     signal.signal(signal.SIGTERM, runner.stop)
     queued, errors = set(), []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+
         def submit(config, seed):
             if (config.label, seed) not in recorded and (config.label, seed) not in queued:
                 queued.add((config.label, seed))
@@ -446,13 +561,21 @@ def collect(args, recorded, seeds=None):
                 if (config.label, seed) in recorded:
                     runs.append(recorded[config.label, seed])
                 continue
-            run = {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed,
-                   "folder": f"{run_dir.parent.name}/{run_dir.name}", **quality_report.run_summary(run_dir)}  # fmt: skip
+            run = {
+                "variant": config.variant,
+                "lr": config.lr,
+                "label": config.label,
+                "seed": seed,
+                "folder": f"{run_dir.parent.name}/{run_dir.name}",
+                **quality_report.run_summary(run_dir),
+            }
             if where is not None:
                 runs.append({**run, "diverged": where, "test_sets": {}})
                 continue
-            run["test_sets"] = {name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
-                                for i, name in enumerate(names)}  # fairseq's names for the test splits  # fmt: skip
+            run["test_sets"] = {
+                name: quality_report.test_set_scores(run_dir, name, f"test{i or ''}", args.target_lang)
+                for i, name in enumerate(names)
+            }  # fairseq's names for the test splits
             if (run_dir / "score" / "val" / "scores.json").exists():
                 run["val"] = quality_report.test_set_scores(run_dir, "val", "valid", args.target_lang)
             runs.append(run)
@@ -461,13 +584,18 @@ def collect(args, recorded, seeds=None):
 
 
 def describe(args):
-    size = args.preset.describe if not args.layers or args.layers == args.preset.layers else \
-        f"{args.preset.describe} but {args.layers}+{args.layers} layers"
+    size = (
+        args.preset.describe
+        if not args.layers or args.layers == args.preset.layers
+        else f"{args.preset.describe} but {args.layers}+{args.layers} layers"
+    )
     lr = f", peak lr {args.lr:g}" if args.lr else ""
     lr += f", warm-up {args.warmup}" if args.warmup is not None else ""
     lr += "; bf16 mixed precision" if args.bf16 else ""
-    return (f"Multi30k {args.source_lang}→{args.target_lang}, {size}, {args.epochs} epochs{lr}; "
-            f"average of the last epoch checkpoints, beam 5; {args.machine}")
+    return (
+        f"Multi30k {args.source_lang}→{args.target_lang}, {size}, {args.epochs} epochs{lr}; "
+        f"average of the last epoch checkpoints, beam 5; {args.machine}"
+    )
 
 
 def main(argv=None):
@@ -475,7 +603,9 @@ def main(argv=None):
     recorded = recorded_runs(args)
     if args.report_only:
         if not (args.out / "data" / "bin").exists() and not recorded:
-            raise SystemExit(f"quality.py: error: --report-only: {args.out} holds no study (no {args.out / 'data' / 'bin'})")
+            raise SystemExit(
+                f"quality.py: error: --report-only: {args.out} holds no study (no {args.out / 'data' / 'bin'})"
+            )
     else:
         data_dir = prepare_data(args)
         run_all(args, data_dir, recorded)
@@ -490,7 +620,9 @@ def main(argv=None):
     if args.sweep:
         print(quality_report.sweep_table(runs, args.variants, args.lrs, describe(args), best), flush=True)
     if compared:
-        title = "Each variant at its best peak learning rate (chosen on validation BLEU)" if args.sweep else describe(args)
+        title = (
+            "Each variant at its best peak learning rate (chosen on validation BLEU)" if args.sweep else describe(args)
+        )
         print(quality_report.table(compared, compared_labels, found, title, across_seeds), flush=True)
     if args.figures:
         stem = Path(args.json).stem if args.json else f"quality-{args.pair}-{args.preset_name}"
@@ -501,11 +633,15 @@ def main(argv=None):
                 other = json.loads(Path(args.beside).read_text())
                 layers = other["settings"]["layers"]
                 beside = (other["runs"], f"{layers}+{layers} layers")
-            paths.append(quality_report.sweep_figure(runs, args.variants, args.lrs, Path(args.figures), stem,
-                                                     describe(args), beside))  # fmt: skip
+            paths.append(
+                quality_report.sweep_figure(
+                    runs, args.variants, args.lrs, Path(args.figures), stem, describe(args), beside
+                )
+            )
         if compared:
-            paths += quality_report.figures(compared, compared_labels, Path(args.figures),
-                                            stem + ("-best" if args.sweep else ""), describe(args))  # fmt: skip
+            paths += quality_report.figures(
+                compared, compared_labels, Path(args.figures), stem + ("-best" if args.sweep else ""), describe(args)
+            )
         for path in paths:
             print(f"[quality] figure: {path}")
     if args.json:
@@ -518,12 +654,15 @@ def main(argv=None):
         result = {
             "what": describe(args),
             "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-            "machine": args.machine, "date": datetime.date.today().isoformat(),
+            "machine": args.machine,
+            "date": datetime.date.today().isoformat(),
             "settings": settings(args),
-            "runs": runs, **({"best": best} if args.sweep else {}),
-            "comparisons": found, "seed_comparisons": across_seeds,
+            "runs": runs,
+            **({"best": best} if args.sweep else {}),
+            "comparisons": found,
+            "seed_comparisons": across_seeds,
             "summary": quality_report.summary(runs, labels),
-        }  # fmt: skip
+        }
         json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
         print(f"[quality] wrote {json_path}")
 

@@ -10,6 +10,7 @@ their run folders:
   attempt killed with its machine or session writes none: its time is read from train.log);
 - RUN/diverged.json: where a run diverged (benchmarks/quality.py stops it there; see divergence()).
 """
+
 import datetime
 import gzip
 import itertools
@@ -24,8 +25,12 @@ from pathlib import Path
 import fairseq_log
 
 # Who is compared with whom, seed by seed: (system, baseline).
-COMPARISONS = (("realformer", "admin"), ("realformer", "post-ln"), ("admin", "post-ln"),
-               ("post-ln-realformer", "post-ln"))  # fmt: skip
+COMPARISONS = (
+    ("realformer", "admin"),
+    ("realformer", "post-ln"),
+    ("admin", "post-ln"),
+    ("post-ln-realformer", "post-ln"),
+)
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
 for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampling and font lookup
     logging.getLogger(_chatty).setLevel(logging.WARNING)
@@ -65,8 +70,10 @@ def divergence(run_dir):
         if kind in ("train_inner", "train"):
             epoch, loss, update = fields["epoch"], fields["loss"], int(fields.get("num_updates", last_update))
         elif _NAN_CRASH in line:
-            return {"update": crashed_at(Path(run_dir) / "checkpoints" / "crash.pt", last_update),
-                    "reason": "the gradients are NaN or infinite (fairseq-train stopped)"}  # fmt: skip
+            return {
+                "update": crashed_at(Path(run_dir) / "checkpoints" / "crash.pt", last_update),
+                "reason": "the gradients are NaN or infinite (fairseq-train stopped)",
+            }
         else:
             continue
         last_update = update
@@ -74,8 +81,13 @@ def divergence(run_dir):
             return {"update": update, "epoch": epoch, "loss": str(loss), "reason": "the training loss is not finite"}
         if first is not None and epoch > 1:
             if loss > first and fell:
-                return {"update": update, "epoch": epoch, "loss": loss, "first_epoch_loss": first,
-                        "reason": "the training loss climbed back above the first epoch's"}  # fmt: skip
+                return {
+                    "update": update,
+                    "epoch": epoch,
+                    "loss": loss,
+                    "first_epoch_loss": first,
+                    "reason": "the training loss climbed back above the first epoch's",
+                }
             fell = fell or loss < first
         if kind == "train" and epoch == 1:
             first = loss
@@ -109,8 +121,11 @@ def unrecorded_attempts(train_log, attempts):
             invocations.append([stamp, stamp])
         invocations[-1][1] = stamp
     spans = [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a]
-    return [round((last - first).total_seconds(), 1) for first, last in invocations
-            if not any(start <= first <= start + datetime.timedelta(seconds=wall) for start, wall in spans)]
+    return [
+        round((last - first).total_seconds(), 1)
+        for first, last in invocations
+        if not any(start <= first <= start + datetime.timedelta(seconds=wall) for start, wall in spans)
+    ]
 
 
 def run_summary(run_dir):
@@ -126,7 +141,11 @@ def run_summary(run_dir):
         seconds += epoch_tokens / fields["wps"] if fields["wps"] else 0.0
         previous = fields["num_updates"]
     curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
-    attempts = [json.loads(line) for line in read_lines(run_dir / "attempts.jsonl")] if (run_dir / "attempts.jsonl").exists() else []
+    attempts = (
+        [json.loads(line) for line in read_lines(run_dir / "attempts.jsonl")]
+        if (run_dir / "attempts.jsonl").exists()
+        else []
+    )
     killed = unrecorded_attempts(run_dir / "train.log", attempts)
     return {
         "updates": updates,
@@ -165,8 +184,13 @@ def paired_bootstrap(system, baseline, references):
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU()}, [references],
-                      test_type="bs", n_samples=BOOTSTRAP_SAMPLES)  # fmt: skip
+    test = PairedTest(
+        [("baseline", baseline), ("system", system)],
+        {"BLEU": BLEU()},
+        [references],
+        test_type="bs",
+        n_samples=BOOTSTRAP_SAMPLES,
+    )
     _, scores = test()
     base, result = scores["BLEU"]
     return result.score - base.score, result.p_value
@@ -182,10 +206,21 @@ def comparisons(runs):
                 continue
             for name, score_a in by_key[a, seed]["test_sets"].items():
                 score_b = by_key[b, seed]["test_sets"][name]
-                delta, p_value = paired_bootstrap(read_lines(score_a["hypotheses"]), read_lines(score_b["hypotheses"]),
-                                                  read_lines(score_a["reference"]))  # fmt: skip
-                found.append({"a": a, "b": b, "test_set": name, "seed": seed, "delta": round(delta, 2),
-                              "p_value": round(p_value, 4)})  # fmt: skip
+                delta, p_value = paired_bootstrap(
+                    read_lines(score_a["hypotheses"]),
+                    read_lines(score_b["hypotheses"]),
+                    read_lines(score_a["reference"]),
+                )
+                found.append(
+                    {
+                        "a": a,
+                        "b": b,
+                        "test_set": name,
+                        "seed": seed,
+                        "delta": round(delta, 2),
+                        "p_value": round(p_value, 4),
+                    }
+                )
     return found
 
 
@@ -214,11 +249,22 @@ def seed_comparisons(runs):
         if len(mine[a]) < 2 or len(mine[b]) < 2:
             continue
         for name in mine[a][0]["test_sets"]:
-            delta, p_value, splits = permutation_test([r["test_sets"][name]["sacrebleu"] for r in mine[a]],
-                                                      [r["test_sets"][name]["sacrebleu"] for r in mine[b]])  # fmt: skip
-            found.append({"a": a, "b": b, "test_set": name, "seeds_a": [r["seed"] for r in mine[a]],
-                          "seeds_b": [r["seed"] for r in mine[b]], "delta_mean": round(delta, 2),
-                          "p_value": round(p_value, 4), "splits": splits})  # fmt: skip
+            delta, p_value, splits = permutation_test(
+                [r["test_sets"][name]["sacrebleu"] for r in mine[a]],
+                [r["test_sets"][name]["sacrebleu"] for r in mine[b]],
+            )
+            found.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "test_set": name,
+                    "seeds_a": [r["seed"] for r in mine[a]],
+                    "seeds_b": [r["seed"] for r in mine[b]],
+                    "delta_mean": round(delta, 2),
+                    "p_value": round(p_value, 4),
+                    "splits": splits,
+                }
+            )
     return found
 
 
@@ -247,8 +293,10 @@ def summary(runs, labels):
         for key in ("updates", "wall_s", "tokens_per_s", "best_valid_loss"):
             entry[key] = dict(zip(("mean", "std"), mean_std([r[key] for r in mine])))
         for name in mine[0]["test_sets"]:
-            entry[name] = {metric: dict(zip(("mean", "std"), mean_std([r["test_sets"][name][metric] for r in mine])))
-                           for metric in ("sacrebleu", "chrf", "bleu_lc")}  # fmt: skip
+            entry[name] = {
+                metric: dict(zip(("mean", "std"), mean_std([r["test_sets"][name][metric] for r in mine])))
+                for metric in ("sacrebleu", "chrf", "bleu_lc")
+            }
         if all("val" in r for r in mine):
             entry["val"] = {"sacrebleu": dict(zip(("mean", "std"), mean_std([r["val"]["sacrebleu"] for r in mine])))}
         out[label] = entry
@@ -263,9 +311,13 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
     names = list(runs[0]["test_sets"]) if runs else []
     with_val = any("val" in r for r in runs)  # validation sacreBLEU: runs since the recipe scores it
     for name in names:
-        lines += [f"**{name}** (mean ± sample std over seeds)", "",
-                  "| variant | seeds | sacreBLEU | chrF | BLEU (lowercased, 13a) | best valid loss | updates | wall (min) | tokens/s |"
-                  + (" val BLEU |" if with_val else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" if with_val else "")]  # fmt: skip
+        lines += [
+            f"**{name}** (mean ± sample std over seeds)",
+            "",
+            "| variant | seeds | sacreBLEU | chrF | BLEU (lowercased, 13a) | best valid loss | updates | wall (min) | tokens/s |"
+            + (" val BLEU |" if with_val else ""),
+            "|---|---|---|---|---|---|---|---|---|" + ("---|" if with_val else ""),
+        ]
         for label in labels:
             mine = [r for r in runs if r["label"] == label]
             if not mine:
@@ -277,23 +329,40 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
                 f"| {_cell([r['best_valid_loss'] for r in mine], 3)} | {_cell([r['updates'] for r in mine], 0)} "
                 f"| {_cell([r['wall_s'] for r in mine], 1, 1 / 60)} | {_cell([r['tokens_per_s'] for r in mine], 0)} |"
                 + (f" {_cell([r['val']['sacrebleu'] if 'val' in r else None for r in mine])} |" if with_val else "")
-            )  # fmt: skip
+            )
         first = scores[0]
-        lines += ["", f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
-                      f"lowercased BLEU: {first['bleu_lc_signature']}", ""]  # fmt: skip
+        lines += [
+            "",
+            f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
+            f"lowercased BLEU: {first['bleu_lc_signature']}",
+            "",
+        ]
     if comparisons_found:
-        lines += [f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), sacreBLEU of a minus b, seed by seed:", "",
-                  "| a | b | test set | seed | Δ BLEU | p-value |", "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), sacreBLEU of a minus b, seed by seed:",
+            "",
+            "| a | b | test set | seed | Δ BLEU | p-value |",
+            "|---|---|---|---|---|---|",
+        ]
         for c in comparisons_found:
-            lines.append(f"| {c['a']} | {c['b']} | {c['test_set']} | {c['seed']} | {c['delta']:+.2f} | {c['p_value']:.3f} |")
+            lines.append(
+                f"| {c['a']} | {c['b']} | {c['test_set']} | {c['seed']} | {c['delta']:+.2f} | {c['p_value']:.3f} |"
+            )
     if across_seeds:
-        lines += ["", "Across seeds: difference of the sacreBLEU means, a minus b, and its exact permutation test "
-                      "(every split of the seeds' scores into the two groups):", "",
-                  "| a | b | test set | seeds | Δ mean BLEU | p-value | splits |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Across seeds: difference of the sacreBLEU means, a minus b, and its exact permutation test "
+            "(every split of the seeds' scores into the two groups):",
+            "",
+            "| a | b | test set | seeds | Δ mean BLEU | p-value | splits |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for c in across_seeds:
             seeds = f"{','.join(map(str, c['seeds_a']))} / {','.join(map(str, c['seeds_b']))}"
-            lines.append(f"| {c['a']} | {c['b']} | {c['test_set']} | {seeds} | {c['delta_mean']:+.2f} "
-                         f"| {c['p_value']:.3f} | {c['splits']} |")  # fmt: skip
+            lines.append(
+                f"| {c['a']} | {c['b']} | {c['test_set']} | {seeds} | {c['delta_mean']:+.2f} "
+                f"| {c['p_value']:.3f} | {c['splits']} |"
+            )
     return "\n".join(lines)
 
 
@@ -322,10 +391,16 @@ def sweep_table(runs, variants, lrs, what, best=None):
     sacreBLEU and best validation loss, or where it diverged; each variant's best rate marked."""
     test_names = next((list(r["test_sets"]) for r in runs if r["test_sets"]), [])
     seed = min(r["seed"] for r in runs)
-    lines = [f"{what}", "", f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):", "",
-             "| variant | peak lr | val BLEU | " + " | ".join(f"{name} BLEU" for name in test_names)
-             + " | best valid loss | updates |",
-             "|---|---|---|" + "---|" * len(test_names) + "---|---|"]  # fmt: skip
+    lines = [
+        f"{what}",
+        "",
+        f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):",
+        "",
+        "| variant | peak lr | val BLEU | "
+        + " | ".join(f"{name} BLEU" for name in test_names)
+        + " | best valid loss | updates |",
+        "|---|---|---|" + "---|" * len(test_names) + "---|---|",
+    ]
     by_key = {(r["variant"], r["lr"], r["seed"]): r for r in runs}
     for variant in variants:
         for lr in lrs:
@@ -335,17 +410,27 @@ def sweep_table(runs, variants, lrs, what, best=None):
                 cells = ["not run yet"] + ["—"] * len(test_names) + ["—", "—"]
             elif r.get("diverged"):
                 where = r["diverged"]
-                cells = [f"diverged at update {where['update']}"] + ["—"] * len(test_names) + ["—", str(where["update"])]
+                cells = (
+                    [f"diverged at update {where['update']}"] + ["—"] * len(test_names) + ["—", str(where["update"])]
+                )
             else:
-                cells = ([f"{r['val']['sacrebleu']:.2f}" if "val" in r else "—"]
-                         + [f"{r['test_sets'][name]['sacrebleu']:.2f}" for name in test_names]
-                         + [f"{r['best_valid_loss']:.3f}" if r["best_valid_loss"] is not None else "—", str(r["updates"])])  # fmt: skip
+                cells = (
+                    [f"{r['val']['sacrebleu']:.2f}" if "val" in r else "—"]
+                    + [f"{r['test_sets'][name]['sacrebleu']:.2f}" for name in test_names]
+                    + [f"{r['best_valid_loss']:.3f}" if r["best_valid_loss"] is not None else "—", str(r["updates"])]
+                )
             lines.append(f"| {variant}{star} | {lr:g} | " + " | ".join(cells) + " |")
     diverged = [r for r in runs if r.get("diverged")]
     if diverged:
-        lines += ["", "Diverged (stopped there, not retried): " + "; ".join(
-            f"{r['variant']} lr={r['lr']:g} seed {r['seed']} at update {r['diverged']['update']} "
-            f"({r['diverged']['reason']})" for r in diverged)]  # fmt: skip
+        lines += [
+            "",
+            "Diverged (stopped there, not retried): "
+            + "; ".join(
+                f"{r['variant']} lr={r['lr']:g} seed {r['seed']} at update {r['diverged']['update']} "
+                f"({r['diverged']['reason']})"
+                for r in diverged
+            ),
+        ]
     return "\n".join(lines)
 
 
@@ -357,7 +442,9 @@ def write_translations(runs, folder, repo, target_lang):
         for name, score in scored_sets(run).items():
             run_name = run["folder"].replace("/", ".")  # e.g. post-ln.seed1, post-ln-lr0.002.seed1
             target = folder / f"{run_name}.{name}.{target_lang}.gz"
-            data = "".join(f"{line}\n" for line in read_lines(score["hypotheses"])).encode("utf-8")  # also a committed .gz
+            data = "".join(f"{line}\n" for line in read_lines(score["hypotheses"])).encode(
+                "utf-8"
+            )  # also a committed .gz
             with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
                 f.write(data)
             resolved = target.resolve()
@@ -382,11 +469,17 @@ def figures(runs, labels, folder, stem, what):
         length = min(len(c) for c in curves)
         updates = [statistics.mean(c[i][0] for c in curves) for i in range(length)]
         losses = [[c[i][1] for c in curves] for i in range(length)]
-        ax.plot(updates, [statistics.mean(v) for v in losses], color=colours[variant],
-                label=f"{variant} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")  # fmt: skip
+        ax.plot(
+            updates,
+            [statistics.mean(v) for v in losses],
+            color=colours[variant],
+            label=f"{variant} ({len(curves)} seed{'s' if len(curves) > 1 else ''})",
+        )
         if len(curves) > 1:
-            ax.fill_between(updates, [min(v) for v in losses], [max(v) for v in losses], color=colours[variant], alpha=0.25)
-        tail += [loss for v in losses[length // 4:] for loss in v]
+            ax.fill_between(
+                updates, [min(v) for v in losses], [max(v) for v in losses], color=colours[variant], alpha=0.25
+            )
+        tail += [loss for v in losses[length // 4 :] for loss in v]
     if tail:  # the first epochs' losses are far above the rest: show where the variants differ
         ax.set_ylim(min(tail) - 0.05, max(tail) + 0.05)
     ax.set_xlabel("updates")
@@ -435,16 +528,37 @@ def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None):
     for study_runs, style, suffix in studies:
         seed = min((r["seed"] for r in study_runs), default=1)
         for variant in variants:
-            mine = sorted((r for r in study_runs if r["variant"] == variant and r["seed"] == seed), key=lambda r: r["lr"])
+            mine = sorted(
+                (r for r in study_runs if r["variant"] == variant and r["seed"] == seed), key=lambda r: r["lr"]
+            )
             scored = [r for r in mine if not r.get("diverged") and test_name in r["test_sets"]]
             if scored:
-                ax.plot([r["lr"] for r in scored], [r["test_sets"][test_name]["sacrebleu"] for r in scored], style,
-                        marker="o", color=colours[variant], label=f"{variant}{suffix}")  # fmt: skip
+                ax.plot(
+                    [r["lr"] for r in scored],
+                    [r["test_sets"][test_name]["sacrebleu"] for r in scored],
+                    style,
+                    marker="o",
+                    color=colours[variant],
+                    label=f"{variant}{suffix}",
+                )
             for r in (r for r in mine if r.get("diverged")):
-                ax.scatter([r["lr"]], [0], marker="x", s=80, color=colours[variant], zorder=3,
-                           label=None if marked else "diverged (stopped)")  # fmt: skip
-                ax.annotate(f"{variant}{suffix}: update {r['diverged']['update']}", (r["lr"], 0), textcoords="offset points",
-                            xytext=(4, 6 + 10 * variants.index(variant)), fontsize=7, color=colours[variant])  # fmt: skip
+                ax.scatter(
+                    [r["lr"]],
+                    [0],
+                    marker="x",
+                    s=80,
+                    color=colours[variant],
+                    zorder=3,
+                    label=None if marked else "diverged (stopped)",
+                )
+                ax.annotate(
+                    f"{variant}{suffix}: update {r['diverged']['update']}",
+                    (r["lr"], 0),
+                    textcoords="offset points",
+                    xytext=(4, 6 + 10 * variants.index(variant)),
+                    fontsize=7,
+                    color=colours[variant],
+                )
                 marked = True
     ax.set_xscale("log")
     ticks = sorted({*lrs, *(r["lr"] for r in (beside[0] if beside else ()))})

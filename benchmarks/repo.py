@@ -1,6 +1,7 @@
 """What every benchmark takes from this checkout: where the repository, the plugin and the virtual
 environment are, and the named variants (fairseq_realformer/variants.py, read as a file: importing
 the package would import fairseq, and speed.py's memory probes measure from before that)."""
+
 import os
 import runpy
 import sys

@@ -19,6 +19,7 @@ the medians and as the median of the per-repeat (paired) ratios.
     python benchmarks/speed.py --quick --variants fairseq,realformer,realformer-value-residual,resi-dual,resi-dual-realformer
     python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU
 """
+
 import argparse
 import json
 import os
@@ -35,8 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from repo import USER_DIR  # noqa: E402  (variants read as a file: fairseq is not imported yet)
 from repo import VARIANTS as PLUGIN_VARIANTS  # noqa: E402
 
-VARIANTS = {"fairseq": ["--arch", "transformer"],
-            **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()}}  # fmt: skip
+VARIANTS = {
+    "fairseq": ["--arch", "transformer"],
+    **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()},
+}
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
 SIZES = {"6L-6L": 6, "18L-18L": 18}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -48,19 +51,29 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="CPU-sized: 6L-6L only, small batches, 3 repeats")
     p.add_argument("--sizes", help=f"comma list of {', '.join(SIZES)} (default: all; --quick: 6L-6L)")
     p.add_argument("--lengths", default="30,100", help="sentence lengths in tokens (default: %(default)s)")
-    p.add_argument("--tokens-per-batch", type=int, help="training batch size in target tokens "
-                   "(default: 4096 on GPU, 1024 on CPU, 512 with --quick)")  # fmt: skip
-    p.add_argument("--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU, 4 --quick)")
+    p.add_argument(
+        "--tokens-per-batch",
+        type=int,
+        help="training batch size in target tokens (default: 4096 on GPU, 1024 on CPU, 512 with --quick)",
+    )
+    p.add_argument(
+        "--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU, 4 --quick)"
+    )
     p.add_argument("--steps", type=int, help="training steps per timed repeat (default: 10 GPU, 3 CPU, 2 --quick)")
     p.add_argument("--repeats", type=int, help="interleaved repeats; medians are reported (default: 5, 3 --quick)")
     p.add_argument("--dtype", choices=DTYPES, default="fp32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of {', '.join(VARIANTS)} "
-                   "(default: %(default)s)")  # fmt: skip
-    p.add_argument("--saved-activations", choices=DTYPES, metavar="DTYPE",
-                   help="also count the bytes autograd saves for backward in one training forward pass, "
-                   "in DTYPE at 4096 target tokens (any device): the part of training memory the "
-                   "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold")  # fmt: skip
+    p.add_argument(
+        "--variants", default=DEFAULT_VARIANTS, help=f"comma list of {', '.join(VARIANTS)} (default: %(default)s)"
+    )
+    p.add_argument(
+        "--saved-activations",
+        choices=DTYPES,
+        metavar="DTYPE",
+        help="also count the bytes autograd saves for backward in one training forward pass, "
+        "in DTYPE at 4096 target tokens (any device): the part of training memory the "
+        "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold",
+    )
     p.add_argument("--json", help="also write the numbers here")
     p.add_argument("--memory-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
     p.add_argument("--saved-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
@@ -93,9 +106,18 @@ def build(variant, layers, device, dtype):
     for i in range(VOCAB - dictionary.nspecial):
         dictionary.add_symbol(f"w{i}")
     flags = [
-        "/unused", "--user-dir", str(USER_DIR), *VARIANTS[variant], "--share-all-embeddings",
-        "--encoder-layers", str(layers), "--decoder-layers", str(layers), "--dropout", "0.1",
-    ]  # fmt: skip
+        "/unused",
+        "--user-dir",
+        str(USER_DIR),
+        *VARIANTS[variant],
+        "--share-all-embeddings",
+        "--encoder-layers",
+        str(layers),
+        "--decoder-layers",
+        str(layers),
+        "--dropout",
+        "0.1",
+    ]
     args = options.parse_args_and_arch(options.get_training_parser(), flags)
     task = type("Task", (), {"source_dictionary": dictionary, "target_dictionary": dictionary})
     torch.manual_seed(0)
@@ -113,10 +135,13 @@ def batch(dictionary, sentences, length, device, seed=0):
     src[:, -1] = tgt[:, -1] = dictionary.eos()
     prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)
     return {
-        "net_input": {"src_tokens": src.to(device), "src_lengths": torch.full((sentences,), length, device=device),
-                      "prev_output_tokens": prev.to(device)},
+        "net_input": {
+            "src_tokens": src.to(device),
+            "src_lengths": torch.full((sentences,), length, device=device),
+            "prev_output_tokens": prev.to(device),
+        },
         "target": tgt.to(device),
-    }  # fmt: skip
+    }
 
 
 class Bench:
@@ -132,11 +157,14 @@ class Bench:
         self.model, self.dictionary = build(variant, layers, args.device, self.dtype)
         self.sample = batch(self.dictionary, max(1, args.tokens_per_batch // length), length, args.device)
         admin.initialize(self.model, self.sample["net_input"])  # before the optimizer, as fairseq-train
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6 if self.dtype != torch.float32 else 1e-8)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6 if self.dtype != torch.float32 else 1e-8
+        )
         self.tokens = self.sample["target"].numel()
         self.gen_sample = batch(self.dictionary, args.gen_sentences, length, args.device, seed=1)
-        self.generator = SequenceGenerator([self.model], self.dictionary, beam_size=4, max_len_a=0,
-                                           max_len_b=length, min_len=length)  # fmt: skip
+        self.generator = SequenceGenerator(
+            [self.model], self.dictionary, beam_size=4, max_len_a=0, max_len_b=length, min_len=length
+        )
         self.length = length
 
     def train_steps(self, steps):
@@ -193,19 +221,40 @@ def measure_speed(args, size, length):
             return None
         return statistics.median(x / b for x, b in zip(series[v], series["fairseq"]))
 
-    return {v: {"train_tokens_per_s": statistics.median(train[v]), "gen_sents_per_s": statistics.median(gen[v]),
-                "train_spread": spread(train[v]), "gen_spread": spread(gen[v]),
-                "train_ratio_paired": paired(train, v), "gen_ratio_paired": paired(gen, v)}
-            for v in train}  # fmt: skip
+    return {
+        v: {
+            "train_tokens_per_s": statistics.median(train[v]),
+            "gen_sents_per_s": statistics.median(gen[v]),
+            "train_spread": spread(train[v]),
+            "gen_spread": spread(gen[v]),
+            "train_ratio_paired": paired(train, v),
+            "gen_ratio_paired": paired(gen, v),
+        }
+        for v in train
+    }
 
 
 def in_fresh_process(args, probe, variant, size, length):
     """Run *probe* ("--memory-probe" or "--saved-probe") for one variant in a new process and
     return the number it prints: memory is measured with nothing else allocated (no other
     variant's model, no leftovers of the timing runs; 18L-18L in one process ran out of 24 GiB)."""
-    cmd = [sys.executable, __file__, probe, variant, size, str(length), "--device", str(args.device),
-           "--dtype", args.dtype, "--tokens-per-batch", str(args.tokens_per_batch), "--steps", str(args.steps),
-           *(["--saved-activations", args.saved_activations] if args.saved_activations else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        probe,
+        variant,
+        size,
+        str(length),
+        "--device",
+        str(args.device),
+        "--dtype",
+        args.dtype,
+        "--tokens-per-batch",
+        str(args.tokens_per_batch),
+        "--steps",
+        str(args.steps),
+        *(["--saved-activations", args.saved_activations] if args.saved_activations else []),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return int(out.strip().splitlines()[-1])
 
@@ -265,23 +314,31 @@ def paired(run):
 
 
 def report(args, runs):
-    lines = [f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{args.tokens_per_batch} "
-             f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
-             f"generation: beam 4, {args.gen_sentences} sentences per batch", "",
-             "| size | length | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
-             "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{args.tokens_per_batch} "
+        f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
+        f"generation: beam 4, {args.gen_sentences} sentences per batch",
+        "",
+        "| size | length | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
+        "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     base = {(r["size"], r["length"]): r for r in runs if r["variant"] == "fairseq"}
     for r in runs:
         b = base.get((r["size"], r["length"]))
         ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) else "—"  # noqa: E731
-        lines.append(f"| {r['size']} | {r['length']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
-                     f"{ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | {ratio('peak_mem_bytes')} | "
-                     f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} | {paired(r)} | "
-                     f"{r['train_spread']:.0%} / {r['gen_spread']:.0%} |")  # fmt: skip
-    lines += ["", "× fairseq: ratio of the medians. paired: median over repeats of the ratio to fairseq's run in "
-              "the same repeat (the machine's slow drifts cancel). spread: (max − min) / median of the repeats. "
-              "`post-ln` runs fairseq's own modules: its distance from 1.000 is the noise of this run."]  # fmt: skip
+        lines.append(
+            f"| {r['size']} | {r['length']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
+            f"{ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | {ratio('peak_mem_bytes')} | "
+            f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} | {paired(r)} | "
+            f"{r['train_spread']:.0%} / {r['gen_spread']:.0%} |"
+        )
+    lines += [
+        "",
+        "× fairseq: ratio of the medians. paired: median over repeats of the ratio to fairseq's run in "
+        "the same repeat (the machine's slow drifts cancel). spread: (max − min) / median of the repeats. "
+        "`post-ln` runs fairseq's own modules: its distance from 1.000 is the noise of this run.",
+    ]
     return "\n".join(lines)
 
 
@@ -304,14 +361,26 @@ def main():
     write_json(args, runs, [])
     saved = []
     if args.saved_activations:
-        lines = ["", f"Tensors saved for backward, one training forward pass of 4096 target tokens in "
-                 f"{args.saved_activations}:", "", "| size | length | variant | MiB | × fairseq |", "|---|---|---|---|---|"]  # fmt: skip
+        lines = [
+            "",
+            f"Tensors saved for backward, one training forward pass of 4096 target tokens in {args.saved_activations}:",
+            "",
+            "| size | length | variant | MiB | × fairseq |",
+            "|---|---|---|---|---|",
+        ]
         for size in args.sizes:
             for length in args.lengths:
                 cell = {v: in_fresh_process(args, "--saved-probe", v, size, length) for v in args.variants}
                 for v, n in cell.items():
-                    saved.append({"variant": v, "size": size, "length": length, "dtype": args.saved_activations,
-                                  "saved_for_backward_bytes": n})  # fmt: skip
+                    saved.append(
+                        {
+                            "variant": v,
+                            "size": size,
+                            "length": length,
+                            "dtype": args.saved_activations,
+                            "saved_for_backward_bytes": n,
+                        }
+                    )
                     ratio = f"{n / cell['fairseq']:.3f}" if "fairseq" in cell else "—"
                     lines.append(f"| {size} | {length} | {v} | {n / 2**20:.0f} | {ratio} |")
         print("\n".join(lines))
@@ -321,8 +390,11 @@ def main():
 def write_json(args, runs, saved):
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "memory_probe", "saved_probe")}
-        Path(args.json).write_text(json.dumps({"device": device_name(args), "settings": settings, "runs": runs,
-                                               "saved_for_backward": saved}, indent=1))  # fmt: skip
+        Path(args.json).write_text(
+            json.dumps(
+                {"device": device_name(args), "settings": settings, "runs": runs, "saved_for_backward": saved}, indent=1
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ fixes of fairseq's own defects for every model (``fairseq_fixes``: a batching de
 sentences, missing checkpoints named, half precision without a GPU, ``--bf16`` as mixed
 precision, one-line errors, ...), which ``REALFORMER_FAIRSEQ_FIXES=0`` leaves out.
 """
+
 from . import fairseq_fixes, fairseq_patches, models, radam  # noqa: F401  (models and radam register with fairseq)
 
 fairseq_patches.install()

@@ -20,6 +20,7 @@ Every diagnosis of a checkpoint file is here: the loaders' (``guarded``), and th
 paths with which ``fairseq_fixes`` names a checkpoint that fairseq's entry points were told to load
 and that does not exist (``missing``, ``restore_file_path``).
 """
+
 import argparse
 import functools
 import importlib
@@ -125,8 +126,10 @@ def _file_damage(path) -> Optional[RealformerConfigError]:
         return DamagedCheckpointError(f"{unreadable}: it is empty (0 bytes), as an interrupted save or copy leaves it")
     if start.startswith(_ZIP_START):
         if not zipfile.is_zipfile(path):  # the zip's directory is at its end: a file cut short lacks it
-            return DamagedCheckpointError(f"{unreadable}: it is truncated, a torch zip archive cut short at "
-                                          f"{size} bytes (an interrupted save or copy?)")  # fmt: skip
+            return DamagedCheckpointError(
+                f"{unreadable}: it is truncated, a torch zip archive cut short at "
+                f"{size} bytes (an interrupted save or copy?)"
+            )
         return None
     if start == _LEGACY_START:
         return None
@@ -145,8 +148,9 @@ def _not_fairseq(path, state) -> Optional[DamagedCheckpointError]:
         holds = f"a dict with keys {', '.join(keys)}" if keys else "an empty dict"
     else:
         holds = f"a {type(state).__name__}"
-    return DamagedCheckpointError(f"{path} is a torch file but not a fairseq checkpoint (no 'model' with its "
-                                  f"'cfg'): it holds {holds}")  # fmt: skip
+    return DamagedCheckpointError(
+        f"{path} is a torch file but not a fairseq checkpoint (no 'model' with its 'cfg'): it holds {holds}"
+    )
 
 
 def _why_not_loaded(path, error: Exception) -> Optional[RealformerConfigError]:
@@ -196,7 +200,9 @@ def holds_model(path, state) -> Optional[DamagedCheckpointError]:
     return DamagedCheckpointError(f"{path}: the EMA loader found no 'model' in it")
 
 
-def guarded(load: Callable, needs: Optional[Callable[[object, object], Optional[RealformerConfigError]]] = None) -> Callable:
+def guarded(
+    load: Callable, needs: Optional[Callable[[object, object], Optional[RealformerConfigError]]] = None
+) -> Callable:
     """Wrap a loader whose first argument is a checkpoint path and which returns the checkpoint:
     fairseq's globals are allowed while it runs, and when it fails on a file that cannot be a
     fairseq checkpoint, a ``RealformerConfigError`` says what is wrong with the file.

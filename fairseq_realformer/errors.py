@@ -1,5 +1,6 @@
 """Errors that a user fixes on the command line, shown as one line instead of a traceback (the
 hook that prints them is installed by ``fairseq_fixes``)."""
+
 import os
 import sys
 

@@ -19,6 +19,7 @@ Loaded, these change nothing for fairseq's own models: a stock ``transformer``'s
 as they do with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, and its ``load_checkpoint`` result comes
 back as it is.
 """
+
 import functools
 
 from fairseq import checkpoint_utils
@@ -36,8 +37,12 @@ def install() -> None:
     from fairseq.models.ema import EMA
 
     # fairseq-generate, -interactive and the hub load through load_model_ensemble_and_task
-    patch(checkpoint_utils, "load_checkpoint_to_cpu", checkpoints.guarded,
-          call_sites=[fairseq.trainer.Trainer.load_checkpoint, checkpoint_utils.load_model_ensemble_and_task])  # fmt: skip
+    patch(
+        checkpoint_utils,
+        "load_checkpoint_to_cpu",
+        checkpoints.guarded,
+        call_sites=[fairseq.trainer.Trainer.load_checkpoint, checkpoint_utils.load_model_ensemble_and_task],
+    )
     patch(checkpoint_utils, "load_ema_from_checkpoint", _guarded_ema_loader, call_sites=[EMA.__init__])
     patch(checkpoint_utils, "load_checkpoint", _initialize_admin_after_loading, call_sites=[fairseq_cli.train.main])
 

@@ -1,5 +1,6 @@
 """Folders a command makes for its output, taken back when it fails before writing into them: a
 refused command leaves no empty folder behind."""
+
 import os
 from typing import List
 

@@ -8,6 +8,7 @@ mistake is refused before anything is built or written; ``add_args`` is generate
 ``scripts/average_checkpoints.py`` compares checkpoints on ``MODEL_FIELDS``. The backbones'
 definitions are ``modules/backbones.py``: a new backbone is one entry there.
 """
+
 import argparse
 import os
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
 from .modules.backbones import BACKBONES
 from .modules.sublayers import PATHS  # the names --residual-attention-paths takes: encoder, decoder, cross
+
 MODES = ("sum", "mean")
 VALUE_MIXES = ("half", "learned")
 ADMIN_INITS = ("closed-form", "profile")
@@ -41,31 +43,66 @@ class Flag:
 
 
 FLAGS = (
-    Flag("--residual-attention-paths", "all", metavar="PATHS",
-         help=f"score paths that carry residual attention: a comma list of {', '.join(PATHS)}; or all / none"),
-    Flag("--residual-attention-mode", "mean", choices=MODES,
-         help="sum: softmax over the running sum of scores S_n; mean: over S_n / n, "
-              "n = attention layers traversed (the RealFormer paper's choice for NMT)"),
-    Flag("--value-residual-paths", "none", metavar="PATHS",
-         help=f"paths whose attention layers n >= 2 mix the first layer's values into their own "
-              f"(ResFormer's value residual): a comma list of {', '.join(PATHS)}; or all / none"),
-    Flag("--value-residual-mix", "half", choices=VALUE_MIXES,
-         help="value residual V_n' = lambda*V_n + (1-lambda)*V_1; half: lambda = 1/2 (ResFormer); learned: "
-              "lambda = sigmoid(x.w + b) per token and head, w and b zero at initialisation"),
-    Flag("--backbone", "admin", choices=tuple(BACKBONES),
-         help="; ".join(f"{name}: {backbone.formula}" for name, backbone in BACKBONES.items())),
-    Flag("--admin-init", "closed-form", choices=ADMIN_INITS, model_defining=False,
-         help="how ADMIN's omega is initialised: closed-form: omega = sqrt((N+1)/ln(N+1) - 1), "
-              "N = residual sublayers of the stack; profile: one forward pass on a training batch "
-              "before the first update (the ADMIN paper's method; stored in the checkpoints)"),
-    Flag("--admin-init-path", None, metavar="FILE", model_defining=False,
-         help="initialise ADMIN's omega from a Transformer-Clinic profile.ratio.init before the "
-              "first update (stored in the checkpoints; the file is not needed later)"),
-)  # fmt: skip
+    Flag(
+        "--residual-attention-paths",
+        "all",
+        metavar="PATHS",
+        help=f"score paths that carry residual attention: a comma list of {', '.join(PATHS)}; or all / none",
+    ),
+    Flag(
+        "--residual-attention-mode",
+        "mean",
+        choices=MODES,
+        help="sum: softmax over the running sum of scores S_n; mean: over S_n / n, "
+        "n = attention layers traversed (the RealFormer paper's choice for NMT)",
+    ),
+    Flag(
+        "--value-residual-paths",
+        "none",
+        metavar="PATHS",
+        help=f"paths whose attention layers n >= 2 mix the first layer's values into their own "
+        f"(ResFormer's value residual): a comma list of {', '.join(PATHS)}; or all / none",
+    ),
+    Flag(
+        "--value-residual-mix",
+        "half",
+        choices=VALUE_MIXES,
+        help="value residual V_n' = lambda*V_n + (1-lambda)*V_1; half: lambda = 1/2 (ResFormer); learned: "
+        "lambda = sigmoid(x.w + b) per token and head, w and b zero at initialisation",
+    ),
+    Flag(
+        "--backbone",
+        "admin",
+        choices=tuple(BACKBONES),
+        help="; ".join(f"{name}: {backbone.formula}" for name, backbone in BACKBONES.items()),
+    ),
+    Flag(
+        "--admin-init",
+        "closed-form",
+        choices=ADMIN_INITS,
+        model_defining=False,
+        help="how ADMIN's omega is initialised: closed-form: omega = sqrt((N+1)/ln(N+1) - 1), "
+        "N = residual sublayers of the stack; profile: one forward pass on a training batch "
+        "before the first update (the ADMIN paper's method; stored in the checkpoints)",
+    ),
+    Flag(
+        "--admin-init-path",
+        None,
+        metavar="FILE",
+        model_defining=False,
+        help="initialise ADMIN's omega from a Transformer-Clinic profile.ratio.init before the "
+        "first update (stored in the checkpoints; the file is not needed later)",
+    ),
+)
 
 # Model settings that change what the same parameters compute: fairseq's, then the plugin's.
-MODEL_FIELDS = ("arch", "_name", "encoder_normalize_before", "decoder_normalize_before",
-                *(flag.dest for flag in FLAGS if flag.model_defining))  # fmt: skip
+MODEL_FIELDS = (
+    "arch",
+    "_name",
+    "encoder_normalize_before",
+    "decoder_normalize_before",
+    *(flag.dest for flag in FLAGS if flag.model_defining),
+)
 
 
 # Set by ``add_args``, which fairseq calls only while parsing a command line (never when a
@@ -206,7 +243,9 @@ class RealformerOptions:
                 f"{self.backbone}; use --backbone pre-ln for a Pre-LN model"
             )
         if not self.layer_norm and getattr(args, "layernorm_embedding", False):
-            raise RealformerConfigError(f"--layernorm-embedding adds a LayerNorm, but --backbone {self.backbone} has none")
+            raise RealformerConfigError(
+                f"--layernorm-embedding adds a LayerNorm, but --backbone {self.backbone} has none"
+            )
         if getattr(args, "cross_self_attention", False):
             raise RealformerConfigError(
                 "--cross-self-attention is not supported by the realformer model: its decoder "
@@ -217,4 +256,3 @@ class RealformerOptions:
                 raise RealformerConfigError(f"{flag} includes cross, but --no-cross-attention removes it")
         if getattr(args, "base_layers", 0):
             raise RealformerConfigError("--base-layers is not supported by the realformer model")
-

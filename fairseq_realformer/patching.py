@@ -7,6 +7,7 @@ saying which change no longer applies, instead of the change silently doing noth
 ``fairseq_patches`` (what the model needs) and ``fairseq_fixes`` (fairseq's defects, fixed for
 every model).
 """
+
 from types import FunctionType, ModuleType
 from typing import Callable, Sequence, Union
 
@@ -16,8 +17,12 @@ from typing import Callable, Sequence, Union
 MARKER = "__patched_by_realformer__"
 
 
-def patch(owner: Union[ModuleType, type], name: str, wrap: Callable[[Callable], Callable],
-          call_sites: Sequence[FunctionType] = ()):  # fmt: skip
+def patch(
+    owner: Union[ModuleType, type],
+    name: str,
+    wrap: Callable[[Callable], Callable],
+    call_sites: Sequence[FunctionType] = (),
+):
     """Replace ``owner.name`` by ``wrap(owner.name)``, once. Each function of *call_sites* must
     look ``name`` up on *owner* when it runs (``owner_alias.name(...)``; ``name(...)`` inside
     *owner* itself; ``from package import owner`` inside the function; or, for a class's
@@ -25,8 +30,10 @@ def patch(owner: Union[ModuleType, type], name: str, wrap: Callable[[Callable], 
     raises ImportError."""
     original = getattr(owner, name, None)
     if original is None:
-        raise ImportError(f"fairseq_realformer: {owner.__name__}.{name} no longer exists in this fairseq; "
-                          f"the plugin's patch of it cannot be installed")  # fmt: skip
+        raise ImportError(
+            f"fairseq_realformer: {owner.__name__}.{name} no longer exists in this fairseq; "
+            f"the plugin's patch of it cannot be installed"
+        )
     for site in call_sites:
         _check_call_site(owner, name, site)
     change = f"{wrap.__module__}.{wrap.__qualname__}"
@@ -46,9 +53,15 @@ def installed(function: Callable) -> frozenset:
 def _check_call_site(owner: Union[ModuleType, type], name: str, site: FunctionType) -> None:
     site = getattr(site, "__wrapped__", site)
     code, short_name = site.__code__, owner.__name__.rpartition(".")[2]
-    looked_up_on_owner = (site.__globals__ is vars(owner) or any(v is owner for v in site.__globals__.values())
-                          or short_name in code.co_varnames and short_name in code.co_names)  # fmt: skip
+    looked_up_on_owner = (
+        site.__globals__ is vars(owner)
+        or any(v is owner for v in site.__globals__.values())
+        or short_name in code.co_varnames
+        and short_name in code.co_names
+    )
     called = short_name if isinstance(owner, type) and name == "__init__" else name
     if not (looked_up_on_owner and called in code.co_names):
-        raise ImportError(f"fairseq_realformer: {site.__module__}.{site.__qualname__} no longer calls "
-                          f"{owner.__name__}.{name}; the plugin's patch of it would never run there")  # fmt: skip
+        raise ImportError(
+            f"fairseq_realformer: {site.__module__}.{site.__qualname__} no longer calls "
+            f"{owner.__name__}.{name}; the plugin's patch of it would never run there"
+        )

@@ -41,6 +41,7 @@ same values bit for bit, faster (forward and backward with fairseq's label-smoot
 peak resident set measured ~120 MB higher than fairseq's (in isolation; glibc's allocator keeps
 the blocks' memory), a cost taken for the speed.
 """
+
 import contextlib
 import functools
 import importlib.util
@@ -72,8 +73,10 @@ def problem(common) -> Optional[str]:
     if not requested(common):
         return None
     if getattr(common, "memory_efficient_bf16", False):
-        return ("--memory-efficient-bf16 keeps the weights themselves in bfloat16, which only fairseq's TPU run "
-                "(torch_xla) does: use --bf16 (bfloat16 mixed precision, float32 weights)")
+        return (
+            "--memory-efficient-bf16 keeps the weights themselves in bfloat16, which only fairseq's TPU run "
+            "(torch_xla) does: use --bf16 (bfloat16 mixed precision, float32 weights)"
+        )
     for flag, field in (("--fp16", "fp16"), ("--amp", "amp")):
         if getattr(common, field, False):
             return f"--bf16 and {flag} exclude each other: choose one precision"
@@ -97,15 +100,22 @@ def native_on_cpu() -> bool:
 def warn_if_emulated(device_type: str, prog: str) -> None:
     """One line on stderr where bf16 runs, but slower than float32: a CPU without bf16 units."""
     if device_type == "cpu" and not native_on_cpu():
-        print(f"{prog}: warning: --bf16 on a CPU without bfloat16 units (no AVX512-BF16 or AMX, as "
-              f"PyTorch reports): it runs, but slower than float32", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{prog}: warning: --bf16 on a CPU without bfloat16 units (no AVX512-BF16 or AMX, as "
+            f"PyTorch reports): it runs, but slower than float32",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @contextlib.contextmanager
 def autocast(device_type: str):
     """Matrix products in bfloat16 on *device_type* ("cpu" or "cuda"), with PyTorch's math
     attention kernel on a CPU (see the module's docstring)."""
-    with torch.autocast(device_type, dtype=DTYPE), _math_attention() if device_type == "cpu" else contextlib.nullcontext():
+    with (
+        torch.autocast(device_type, dtype=DTYPE),
+        _math_attention() if device_type == "cpu" else contextlib.nullcontext(),
+    ):
         yield
 
 

@@ -13,6 +13,7 @@ Under ``--fp16``/``--bf16`` fairseq's FP16Optimizer keeps float32 master weights
 to this optimizer; ``--memory-efficient-fp16`` is not supported (torch's RAdam would update half
 precision weights in half precision), and fairseq says so.
 """
+
 import ast
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -47,5 +48,11 @@ class FairseqRAdam(FairseqOptimizer):
         contract: e.g. a new learning rate)."""
         lr = self.cfg.lr[0] if isinstance(self.cfg.lr, Collection) else self.cfg.lr
         betas = self.cfg.adam_betas
-        betas = ast.literal_eval(betas) if isinstance(betas, str) else OmegaConf.to_container(betas) if OmegaConf.is_config(betas) else betas
+        betas = (
+            ast.literal_eval(betas)
+            if isinstance(betas, str)
+            else OmegaConf.to_container(betas)
+            if OmegaConf.is_config(betas)
+            else betas
+        )
         return {"lr": lr, "betas": tuple(betas), "eps": self.cfg.adam_eps, "weight_decay": self.cfg.weight_decay}

@@ -1,7 +1,8 @@
 """Print the directory to pass as ``--user-dir``, wherever the package is installed.
 
-    fairseq-train ... --user-dir "$(realformer-user-dir)"
+fairseq-train ... --user-dir "$(realformer-user-dir)"
 """
+
 import os
 
 

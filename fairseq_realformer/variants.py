@@ -15,6 +15,7 @@ Shell scripts read a variant's flags, one per line, without importing fairseq:
 
     python fairseq_realformer/variants.py realformer
 """
+
 import sys
 
 _NO_RESIDUAL_ATTENTION = ("--residual-attention-paths", "none")
@@ -35,8 +36,14 @@ VARIANTS = {
     "t-fixup": (*_NO_RESIDUAL_ATTENTION, "--backbone", "t-fixup"),
     "t-fixup-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "t-fixup"),
     "admin-radam": (*_NO_RESIDUAL_ATTENTION, *_ADMIN_PROFILED, "--optimizer", "radam", "--warmup-updates", "0"),
-    "realformer-value-residual": (*_RESIDUAL_ATTENTION_MEAN, "--value-residual-paths", "all",
-                                  "--value-residual-mix", "half", *_ADMIN_PROFILED),
+    "realformer-value-residual": (
+        *_RESIDUAL_ATTENTION_MEAN,
+        "--value-residual-paths",
+        "all",
+        "--value-residual-mix",
+        "half",
+        *_ADMIN_PROFILED,
+    ),
     "resi-dual": (*_NO_RESIDUAL_ATTENTION, "--backbone", "resi-dual"),
     "resi-dual-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "resi-dual"),
 }

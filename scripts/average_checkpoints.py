@@ -15,6 +15,7 @@ and renamed, it may never be one of the inputs, and an existing output is replac
 --force. The rest of the output (config, optimizer state, training counters) is the first
 input's, as in fairseq; with --num-*-checkpoints that is the newest checkpoint.
 """
+
 import argparse
 import os
 import re
@@ -23,7 +24,6 @@ import tempfile
 from collections.abc import Mapping
 
 import torch
-
 from user_error import UserError  # scripts/user_error.py
 
 PROG = "average_checkpoints.py"
@@ -54,8 +54,10 @@ def last_checkpoints(folder, n, by_update, upper_bound):
         held = f"holds only {len(found)} {kind} checkpoints ({KINDS[kind][1]}){bound}"
         others = len(numbered(folder, other))
         if others:  # e.g. a run saved with --save-interval-updates --no-epoch-checkpoints
-            held = (f"holds {len(found)} {kind} checkpoints ({KINDS[kind][1]}){bound} but {others} {other} "
-                    f"checkpoints ({KINDS[other][1]}): use --num-{other}-checkpoints")  # fmt: skip
+            held = (
+                f"holds {len(found)} {kind} checkpoints ({KINDS[kind][1]}){bound} but {others} {other} "
+                f"checkpoints ({KINDS[other][1]}): use --num-{other}-checkpoints"
+            )
         raise UserError(f"--num-{kind}-checkpoints {n}: {folder} {held}")
     return [os.path.join(folder, name) for _, name in sorted(found, reverse=True)[:n]]
 
@@ -70,8 +72,10 @@ def input_paths(args):
         return last_checkpoints(args.inputs[0], n, by_update, args.checkpoint_upper_bound)
     for path in args.inputs:
         if os.path.isdir(path):
-            raise UserError(f"--inputs {path} is a directory: give checkpoint files, or add "
-                            f"--num-epoch-checkpoints N / --num-update-checkpoints N")  # fmt: skip
+            raise UserError(
+                f"--inputs {path} is a directory: give checkpoint files, or add "
+                f"--num-epoch-checkpoints N / --num-update-checkpoints N"
+            )
         if not os.path.isfile(path):
             raise UserError(f"--inputs {path}: no such file")
     if len(set(map(os.path.realpath, args.inputs))) != len(args.inputs):
@@ -99,12 +103,15 @@ def check_same_model(path, params, settings, first_path, first_params, first_set
         raise UserError(f"{differ}: parameters only in the first: {only_first}, only in the second: {only_this}")
     for name, value in params.items():
         if value.shape != first_params[name].shape:
-            raise UserError(f"{differ}: {name} has shape {tuple(first_params[name].shape)} in the first, "
-                            f"{tuple(value.shape)} in the second")  # fmt: skip
+            raise UserError(
+                f"{differ}: {name} has shape {tuple(first_params[name].shape)} in the first, "
+                f"{tuple(value.shape)} in the second"
+            )
     for name in dict.fromkeys([*first_settings, *settings]):
         if settings.get(name) != first_settings.get(name):
-            raise UserError(f"{differ}: {name} is {first_settings.get(name)!r} in the first, "
-                            f"{settings.get(name)!r} in the second")  # fmt: skip
+            raise UserError(
+                f"{differ}: {name} is {first_settings.get(name)!r} in the first, {settings.get(name)!r} in the second"
+            )
 
 
 def load(path):
@@ -140,10 +147,11 @@ def average(paths):
             sums[name] = sums[name] + value if name in sums else value.clone()
     n = len(paths)
     first["model"] = {
-        name: (total / n if total.is_floating_point() else torch.div(total, n, rounding_mode="floor"))
-        .to(first["model"][name].dtype)
+        name: (total / n if total.is_floating_point() else torch.div(total, n, rounding_mode="floor")).to(
+            first["model"][name].dtype
+        )
         for name, total in sums.items()
-    }  # fmt: skip
+    }
     return first
 
 
@@ -164,23 +172,46 @@ def write(state, output):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--inputs", required=True, nargs="+", metavar="PATH",
-                        help="checkpoint files to average, or one directory with --num-*-checkpoints")
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--inputs",
+        required=True,
+        nargs="+",
+        metavar="PATH",
+        help="checkpoint files to average, or one directory with --num-*-checkpoints",
+    )
     parser.add_argument("--output", required=True, metavar="FILE", help="where to write the averaged checkpoint")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
-                       help="average the last N checkpoint<epoch>.pt files of the --inputs directory")
-    which.add_argument("--num-update-checkpoints", type=int, metavar="N",
-                       help="average the last N checkpoint_<epoch>_<update>.pt files of the --inputs directory")
-    parser.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
-                        help="with --num-*-checkpoints: only checkpoints numbered <= K (epoch or update)")
+    which.add_argument(
+        "--num-epoch-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the last N checkpoint<epoch>.pt files of the --inputs directory",
+    )
+    which.add_argument(
+        "--num-update-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the last N checkpoint_<epoch>_<update>.pt files of the --inputs directory",
+    )
+    parser.add_argument(
+        "--checkpoint-upper-bound",
+        type=int,
+        metavar="K",
+        help="with --num-*-checkpoints: only checkpoints numbered <= K (epoch or update)",
+    )
     parser.add_argument("--force", action="store_true", help="replace --output if it exists (never an input)")
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     for flag in ("num_epoch_checkpoints", "num_update_checkpoints"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.checkpoint_upper_bound is not None and args.num_epoch_checkpoints is None and args.num_update_checkpoints is None:
+    if (
+        args.checkpoint_upper_bound is not None
+        and args.num_epoch_checkpoints is None
+        and args.num_update_checkpoints is None
+    ):
         parser.error("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
     return args
 

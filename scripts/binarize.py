@@ -17,6 +17,7 @@ Resumable: the sentencepiece model (SPM_DIR/spm.model) and each encoded file are
 they do not exist (written to a temporary name, then renamed); the binary data go to
 DESTDIR.tmp and are renamed to DESTDIR at the end, and an existing DESTDIR is left alone.
 """
+
 import argparse
 import gzip
 import itertools
@@ -66,10 +67,14 @@ def train_spm(model_prefix, vocab_size, paths, limit):
     say(f"training {model_prefix}.model ({vocab_size} pieces) on {' '.join(paths)}")
     spm.SentencePieceTrainer.train(
         sentence_iterator=itertools.chain.from_iterable(lines(p, limit) for p in paths),
-        model_prefix=model_prefix, vocab_size=vocab_size, character_coverage=1.0,
-        model_type="bpe", hard_vocab_limit=False, num_threads=os.cpu_count() or 1,
+        model_prefix=model_prefix,
+        vocab_size=vocab_size,
+        character_coverage=1.0,
+        model_type="bpe",
+        hard_vocab_limit=False,
+        num_threads=os.cpu_count() or 1,
         minloglevel=2,  # sentencepiece's own log is thousands of lines
-    )  # fmt: skip
+    )
 
 
 def encode(model_file, src, out, limit):
@@ -89,13 +94,25 @@ def encode(model_file, src, out, limit):
 
 def preprocess(args, prefixes):
     """fairseq-preprocess into DESTDIR.tmp, then renamed to DESTDIR."""
-    tool = shutil.which("fairseq-preprocess", path=os.path.dirname(sys.executable)) or shutil.which("fairseq-preprocess")
+    tool = shutil.which("fairseq-preprocess", path=os.path.dirname(sys.executable)) or shutil.which(
+        "fairseq-preprocess"
+    )
     if tool is None:
         raise UserError("fairseq-preprocess not found next to this Python or on PATH; run scripts/setup_env.sh")
     tmp = args.destdir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [tool, "--source-lang", args.source_lang, "--target-lang", args.target_lang, "--joined-dictionary",
-           "--workers", str(args.workers), "--destdir", tmp]  # fmt: skip
+    cmd = [
+        tool,
+        "--source-lang",
+        args.source_lang,
+        "--target-lang",
+        args.target_lang,
+        "--joined-dictionary",
+        "--workers",
+        str(args.workers),
+        "--destdir",
+        tmp,
+    ]
     for split in SPLITS:
         if prefixes[split]:
             cmd += [f"--{split}pref", ",".join(prefixes[split])]
@@ -111,20 +128,29 @@ def say(message):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--source-lang", required=True)
     parser.add_argument("--target-lang", required=True)
     parser.add_argument("--trainpref", required=True, metavar="PREFIX")
     parser.add_argument("--validpref", metavar="PREFIX")
     parser.add_argument("--testpref", metavar="PREFIX[,PREFIX...]")
     parser.add_argument("--destdir", required=True, help="where fairseq-preprocess writes the binary data")
-    parser.add_argument("--spm-vocab", type=int, metavar="N", help="train a joint sentencepiece BPE model of N pieces "
-                        "(fewer when the text cannot fill it) and encode every split with it")
-    parser.add_argument("--spm-dir", help="with --spm-vocab: where the model (spm.model) and the encoded text go "
-                        "(default: DESTDIR/../spm)")
+    parser.add_argument(
+        "--spm-vocab",
+        type=int,
+        metavar="N",
+        help="train a joint sentencepiece BPE model of N pieces "
+        "(fewer when the text cannot fill it) and encode every split with it",
+    )
+    parser.add_argument(
+        "--spm-dir",
+        help="with --spm-vocab: where the model (spm.model) and the encoded text go (default: DESTDIR/../spm)",
+    )
     parser.add_argument("--max-lines", metavar="N|SPLIT=N,...", help="use only the first lines of each split")
     parser.add_argument("--workers", type=int, default=2, help="fairseq-preprocess workers (default %(default)s)")
-    return parser.parse_args(argv)  # fmt: skip
+    return parser.parse_args(argv)
 
 
 def main(argv=None):
@@ -134,11 +160,16 @@ def main(argv=None):
             say(f"{args.destdir} exists, kept")
             return
         limits = parse_max_lines(args.max_lines)
-        given = {"train": [args.trainpref], "valid": [args.validpref] if args.validpref else [],
-                 "test": args.testpref.split(",") if args.testpref else []}  # fmt: skip
+        given = {
+            "train": [args.trainpref],
+            "valid": [args.validpref] if args.validpref else [],
+            "test": args.testpref.split(",") if args.testpref else [],
+        }
         langs = (args.source_lang, args.target_lang)
-        files = {split: [[text_file(p, lang, f"--{split}pref") for lang in langs] for p in prefixes]
-                 for split, prefixes in given.items()}  # fmt: skip
+        files = {
+            split: [[text_file(p, lang, f"--{split}pref") for lang in langs] for p in prefixes]
+            for split, prefixes in given.items()
+        }
         if args.spm_vocab:
             spm_dir = args.spm_dir or os.path.join(os.path.dirname(os.path.abspath(args.destdir)), "spm")
             model = os.path.join(spm_dir, "spm")
@@ -153,7 +184,9 @@ def main(argv=None):
                     prefixes[split].append(encoded)
         else:
             if limits or any(p.endswith(".gz") for pairs in files.values() for paths in pairs for p in paths):
-                raise UserError("--max-lines and .gz input need --spm-vocab (fairseq-preprocess reads plain text as it is)")
+                raise UserError(
+                    "--max-lines and .gz input need --spm-vocab (fairseq-preprocess reads plain text as it is)"
+                )
             prefixes = given
         preprocess(args, prefixes)
     except UserError as e:

@@ -21,6 +21,7 @@ that runs is the installed one. The four columns:
 Prints one row per file (passed/failed/skipped) and every test whose result differs between the
 columns; the pytest output and JUnit XML of each column go to --out.
 """
+
 import argparse
 import os
 import subprocess
@@ -34,13 +35,22 @@ from user_error import UserError  # scripts/user_error.py
 PROG = "fairseq_tests_with_plugin.py"
 # checkpoints, training, generation, data, EMA and the Transformer
 FILES = [
-    "tests/test_checkpoint_utils.py", "tests/test_checkpoint_utils_for_task_level_attributes.py",
-    "tests/test_train.py", "tests/test_average_checkpoints.py", "tests/test_ema.py",
-    "tests/test_sequence_generator.py", "tests/test_sequence_scorer.py", "tests/test_transformer.py",
-    "tests/test_multihead_attention.py", "tests/test_iterators.py", "tests/test_data_utils.py",
-    "tests/test_dataset.py", "tests/test_dictionary.py", "tests/test_label_smoothing.py",
+    "tests/test_checkpoint_utils.py",
+    "tests/test_checkpoint_utils_for_task_level_attributes.py",
+    "tests/test_train.py",
+    "tests/test_average_checkpoints.py",
+    "tests/test_ema.py",
+    "tests/test_sequence_generator.py",
+    "tests/test_sequence_scorer.py",
+    "tests/test_transformer.py",
+    "tests/test_multihead_attention.py",
+    "tests/test_iterators.py",
+    "tests/test_data_utils.py",
+    "tests/test_dataset.py",
+    "tests/test_dictionary.py",
+    "tests/test_label_smoothing.py",
     "tests/test_reproducibility.py",
-]  # fmt: skip
+]
 WITH_PLUGIN = "import sys, pytest, fairseq_realformer; sys.exit(pytest.main(sys.argv[1:]))"
 COLUMNS = {  # name: (python -c code or None for -m pytest, extra environment)
     "fairseq": (None, {}),
@@ -62,8 +72,9 @@ def run_column(name, checkout, files, out):
     print(f"[fairseq-tests] {name}: pytest {' '.join(files)} (output in {log_path})", flush=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith(OVERRIDES)}
     with open(log_path, "w") as log:
-        subprocess.run(command, cwd=checkout, stdout=log, stderr=subprocess.STDOUT,
-                       env={**base, "OMP_NUM_THREADS": "1", **env})  # fmt: skip
+        subprocess.run(
+            command, cwd=checkout, stdout=log, stderr=subprocess.STDOUT, env={**base, "OMP_NUM_THREADS": "1", **env}
+        )
     if not xml.exists():
         raise UserError(f"pytest wrote no results for column {name!r}: see {log_path}")
     return outcomes(xml)
@@ -76,7 +87,7 @@ def outcomes(xml):
         # pytest's classname: the file's dotted path (tests.test_x), then the class if any
         parts = case.get("classname", "").split(".")
         at = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
-        module, test = parts[at], "::".join(parts[at + 1:] + [case.get("name")])
+        module, test = parts[at], "::".join(parts[at + 1 :] + [case.get("name")])
         tags = {child.tag for child in case}
         outcome = "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
         found[(module + ".py", test)] = outcome
@@ -100,8 +111,11 @@ def differences(results):
     """Lines naming each test whose outcome is not the same in every column."""
     names = list(results)
     keys = sorted({key for column in results.values() for key in column})
-    return [f"{module} {test}: " + ", ".join(f"{name} {results[name].get((module, test), 'absent')}" for name in names)
-            for module, test in keys if len({results[name].get((module, test)) for name in names}) > 1]  # fmt: skip
+    return [
+        f"{module} {test}: " + ", ".join(f"{name} {results[name].get((module, test), 'absent')}" for name in names)
+        for module, test in keys
+        if len({results[name].get((module, test)) for name in names}) > 1
+    ]
 
 
 def parse_args(argv):
@@ -123,7 +137,11 @@ def main(argv=None):
     results = {name: run_column(name, args.checkout.resolve(), args.files, args.out.resolve()) for name in COLUMNS}
     print("\npassed/failed/skipped\n" + table(results))
     changed = differences(results)
-    print("\ntests whose result differs:" + "".join(f"\n- {line}" for line in changed) if changed else "\nevery test: the same in every column")
+    print(
+        "\ntests whose result differs:" + "".join(f"\n- {line}" for line in changed)
+        if changed
+        else "\nevery test: the same in every column"
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ Scoring only: --hypotheses FILE (detokenized, one per reference line) skips gene
 tokenized BLEU then Moses-tokenizes hypotheses and reference (--detok moses) or takes them as
 they are (--detok none). --generate-output FILE scores a fairseq-generate output already written.
 """
+
 import argparse
 import contextlib
 import gzip
@@ -129,7 +130,9 @@ def check_output_dir(folder, names, inputs):
         raise UserError(f"--output-dir {folder}: {existing} is not writable")
     for name in names:
         if os.path.realpath(os.path.join(folder, name)) in inputs:
-            raise UserError(f"--output-dir would overwrite the input {os.path.join(folder, name)}; choose another folder")
+            raise UserError(
+                f"--output-dir would overwrite the input {os.path.join(folder, name)}; choose another folder"
+            )
 
 
 @contextlib.contextmanager
@@ -170,9 +173,27 @@ def run_generate(args, extra, log_path):
     tool = shutil.which("fairseq-generate", path=os.path.dirname(sys.executable)) or shutil.which("fairseq-generate")
     if tool is None:
         raise UserError("fairseq-generate not found next to this Python or on PATH; run scripts/setup_env.sh")
-    cmd = [tool, args.data, "--user-dir", args.user_dir, "--path", args.checkpoint,
-           "--gen-subset", args.gen_subset, "--source-lang", args.source_lang, "--target-lang", args.target_lang,
-           "--beam", str(args.beam), "--lenpen", str(args.lenpen), "--batch-size", str(args.batch_size), *extra]  # fmt: skip
+    cmd = [
+        tool,
+        args.data,
+        "--user-dir",
+        args.user_dir,
+        "--path",
+        args.checkpoint,
+        "--gen-subset",
+        args.gen_subset,
+        "--source-lang",
+        args.source_lang,
+        "--target-lang",
+        args.target_lang,
+        "--beam",
+        str(args.beam),
+        "--lenpen",
+        str(args.lenpen),
+        "--batch-size",
+        str(args.batch_size),
+        *extra,
+    ]
     print(f"{PROG}: {' '.join(cmd)}", file=sys.stderr, flush=True)
     with open(log_path, "w", encoding="utf-8") as log:
         if subprocess.run(cmd, stdout=log).returncode != 0:
@@ -202,8 +223,9 @@ def write_lines(path, lines):
 
 def parse_args(argv):
     # allow_abbrev=False: flags meant for fairseq-generate must not be taken as abbreviations of ours
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--data", help="fairseq-preprocess output folder (data-bin)")
     parser.add_argument("--checkpoint", help="model checkpoint to translate with")
     parser.add_argument("--source-lang", required=True)
@@ -213,17 +235,28 @@ def parse_args(argv):
     parser.add_argument("--beam", type=int, default=4, help="beam size (default %(default)s)")
     parser.add_argument("--lenpen", type=float, default=0.6, help="length penalty (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=128, help="sentences per batch (default %(default)s)")
-    parser.add_argument("--bpe", choices=["subword_nmt", "sentencepiece", "none"], default="subword_nmt",
-                        help="how to remove BPE from fairseq-generate's output (default %(default)s)")
-    parser.add_argument("--detok", choices=["moses", "none"], default="moses",
-                        help="detokenizer for the BPE-free hypotheses (default %(default)s)")
-    parser.add_argument("--output-dir", help="where to write hypotheses and scores "
-                        "(default: CHECKPOINT_DIR/score-SUBSET-CHECKPOINT_NAME; none with --hypotheses)")
+    parser.add_argument(
+        "--bpe",
+        choices=["subword_nmt", "sentencepiece", "none"],
+        default="subword_nmt",
+        help="how to remove BPE from fairseq-generate's output (default %(default)s)",
+    )
+    parser.add_argument(
+        "--detok",
+        choices=["moses", "none"],
+        default="moses",
+        help="detokenizer for the BPE-free hypotheses (default %(default)s)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        help="where to write hypotheses and scores "
+        "(default: CHECKPOINT_DIR/score-SUBSET-CHECKPOINT_NAME; none with --hypotheses)",
+    )
     parser.add_argument("--user-dir", help="fairseq --user-dir (default: this repository's fairseq_realformer)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--hypotheses", metavar="FILE", help="score these detokenized hypotheses; no generation")
     mode.add_argument("--generate-output", metavar="FILE", help="score this fairseq-generate output; no generation")
-    args, extra = parser.parse_known_args(argv)  # fmt: skip
+    args, extra = parser.parse_known_args(argv)
     if not (args.hypotheses or args.generate_output):
         if not (args.data and args.checkpoint):
             parser.error("--data and --checkpoint are required (or score existing output with --hypotheses FILE)")
@@ -276,13 +309,17 @@ def main(argv=None):
         if generating:
             sentences = split_size(args.data, args.gen_subset, args.source_lang, args.target_lang)
             if sentences != len(ref_raw):
-                raise UserError(f"--reference {args.reference} has {len(ref_raw)} lines, but the {args.gen_subset} "
-                                f"split of --data {args.data} has {sentences} sentences")  # fmt: skip
+                raise UserError(
+                    f"--reference {args.reference} has {len(ref_raw)} lines, but the {args.gen_subset} "
+                    f"split of --data {args.data} has {sentences} sentences"
+                )
             check_checkpoints(args.checkpoint)
         with staged(args.output_dir) if args.output_dir else contextlib.nullcontext() as stage:
             source, hyp_detok, hyp_tok, ref_tok, tok_ref_what = hypotheses_and_references(args, extra, ref_raw, stage)
             if len(hyp_detok) != len(ref_raw):
-                raise UserError(f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines")
+                raise UserError(
+                    f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines"
+                )
             sacre, sacre_sig, split, split_sig = bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok)
             report = [
                 f"sacreBLEU: {sacre.score:.2f} ({sacre_sig}) detokenized hypotheses vs raw reference {args.reference}",
@@ -290,16 +327,21 @@ def main(argv=None):
                 f"compound-split BLEU: {split.score:.2f} ({split_sig}) tokenized hypotheses vs {tok_ref_what}, "
                 f"compounds split a ##AT##-##AT## b as fairseq's compound_split_bleu.sh; not comparable with sacreBLEU",
                 f"  {split}",
-            ]  # fmt: skip
+            ]
             if stage:
                 if not args.hypotheses:
                     write_lines(os.path.join(stage, f"{args.gen_subset}.hyp.{args.target_lang}"), hyp_detok)
                     write_lines(os.path.join(stage, f"{args.gen_subset}.hyp.tok.{args.target_lang}"), hyp_tok)
                     write_lines(os.path.join(stage, f"{args.gen_subset}.ref.tok.{args.target_lang}"), ref_tok)
                 write_lines(os.path.join(stage, "scores.txt"), report)
-                scores = {"sacrebleu": sacre.score, "sacrebleu_signature": str(sacre_sig),
-                          "compound_split_bleu": split.score, "compound_split_signature": str(split_sig),
-                          "sentences": len(hyp_detok), "reference": args.reference}  # fmt: skip
+                scores = {
+                    "sacrebleu": sacre.score,
+                    "sacrebleu_signature": str(sacre_sig),
+                    "compound_split_bleu": split.score,
+                    "compound_split_signature": str(split_sig),
+                    "sentences": len(hyp_detok),
+                    "reference": args.reference,
+                }
                 write_lines(os.path.join(stage, "scores.json"), [json.dumps(scores, indent=1)])
     except UserError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

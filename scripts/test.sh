@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (or reuse) the environment, then run the whole test suite. Extra arguments go to pytest.
+# Set up (or reuse) the environment, check the style (ruff), then run the whole test suite.
+# Extra arguments go to pytest.
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -k incremental  # a subset
@@ -12,4 +13,7 @@ venv=${REALFORMER_VENV:-$root/.venv}
 # several fairseq processes would oversubscribe the cores (spin-waiting threads, 10x slower).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 cd "$root"
+# The style first (pyproject.toml): lint, then the formatter's check. `ruff format .` fixes the second.
+"$venv/bin/ruff" check --quiet .
+"$venv/bin/ruff" format --check --quiet . || { echo "test.sh: run '$venv/bin/ruff format .' (the files above are not formatted)" >&2; exit 1; }
 exec "$venv/bin/python" -m pytest "$@"  # pytest.ini: testpaths = tests

@@ -19,6 +19,7 @@ real language pairs do, so the model must translate, not copy:
 
     python scripts/toy_corpus.py --out-dir runs/toy   # train/valid/test .src/.tgt
 """
+
 import argparse
 import os
 import random
@@ -48,8 +49,12 @@ def invented_words(n: int, seed: int):
     return words
 
 
-STEMS = dict(zip(NOUNS + ADJECTIVES + VERBS + PREPOSITIONS,
-                 invented_words(len(NOUNS) + len(ADJECTIVES) + len(VERBS) + len(PREPOSITIONS), seed=7)))  # fmt: skip
+STEMS = dict(
+    zip(
+        NOUNS + ADJECTIVES + VERBS + PREPOSITIONS,
+        invented_words(len(NOUNS) + len(ADJECTIVES) + len(VERBS) + len(PREPOSITIONS), seed=7),
+    )
+)
 GENDER = {noun: i % 2 for i, noun in enumerate(NOUNS)}  # 0 masculine, 1 feminine
 
 
@@ -107,8 +112,9 @@ def main(argv=None):
         for side, lang in ((0, "src"), (1, "tgt")):
             with open(os.path.join(args.out_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
                 f.writelines(pair[side] + "\n" for pair in pairs)
-    print(f"toy_corpus.py: wrote {args.train}/{args.valid}/{args.test} sentence pairs to {args.out_dir}",
-          file=sys.stderr)
+    print(
+        f"toy_corpus.py: wrote {args.train}/{args.valid}/{args.test} sentence pairs to {args.out_dir}", file=sys.stderr
+    )
 
 
 if __name__ == "__main__":

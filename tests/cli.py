@@ -1,5 +1,6 @@
 """Running fairseq's command-line tools and the project's scripts the way a user does, on a toy
 corpus."""
+
 import importlib.util
 import os
 import random
@@ -17,21 +18,62 @@ SCRIPTS = Path(REPO) / "scripts"
 BENCHMARKS = Path(REPO) / "benchmarks"
 N_TEST = 21  # not a multiple of 8: fairseq's batching would drop sentences without our fix
 TINY = [
-    "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-    "--encoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-    "--decoder-attention-heads", "2", "--decoder-layers", "2", "--share-all-embeddings",
-]  # fmt: skip
+    "--encoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--encoder-layers",
+    "2",
+    "--decoder-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--decoder-attention-heads",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--share-all-embeddings",
+]
 TRAIN = [
-    "--user-dir", USER_DIR, "--arch", "realformer_iwslt_de_en", *TINY,
-    "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3",
-    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--max-tokens", "1000", "--seed", "1", "--num-workers", "0",
-    "--log-format", "json", "--log-interval", "5",
+    "--user-dir",
+    USER_DIR,
+    "--arch",
+    "realformer_iwslt_de_en",
+    *TINY,
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9,0.98)",
+    "--lr",
+    "2e-3",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--warmup-updates",
+    "10",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--label-smoothing",
+    "0.1",
+    "--max-tokens",
+    "1000",
+    "--seed",
+    "1",
+    "--num-workers",
+    "0",
+    "--log-format",
+    "json",
+    "--log-interval",
+    "5",
     # --eval-bleu puts numpy metrics into the checkpoints, which must load safely too
-    "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
-    "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-]  # fmt: skip
+    "--eval-bleu",
+    "--eval-bleu-args",
+    '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+    "--best-checkpoint-metric",
+    "bleu",
+    "--maximize-best-checkpoint-metric",
+]
 
 
 def clean_env():
@@ -56,10 +98,19 @@ def command(program, *args):
 def run(program, *args, cwd=REPO, stdin=None, check=True, timeout=900, env=None):
     """Run *program* as a user does (see ``command``), in a clean environment (plus *env*); with
     *check*, a failure raises with the end of its output."""
-    result = subprocess.run(command(program, *args), cwd=cwd, env={**clean_env(), **(env or {})}, input=stdin,
-                            capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        command(program, *args),
+        cwd=cwd,
+        env={**clean_env(), **(env or {})},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"{program} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        raise AssertionError(
+            f"{program} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
     return result
 
 
@@ -85,8 +136,9 @@ def cli_error(capsys, main, *argv):
 
 def popen(program, *args, cwd):
     """Start *program* as ``run`` does, without waiting; stderr goes into stdout."""
-    return subprocess.Popen(command(program, *args), cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        command(program, *args), cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def write_corpus(folder: Path, seed: int = 0):
@@ -103,13 +155,31 @@ def write_corpus(folder: Path, seed: int = 0):
 def preprocess(work: Path) -> None:
     """Write the toy corpus into *work* and binarise it into work/bin (joined dictionary)."""
     write_corpus(work)
-    run(Path(REPO) / "scripts" / "binarize.py", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", "train",
-        "--validpref", "valid", "--testpref", "test", "--destdir", "bin", "--workers", "1", cwd=work)  # fmt: skip
+    run(
+        Path(REPO) / "scripts" / "binarize.py",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        "train",
+        "--validpref",
+        "valid",
+        "--testpref",
+        "test",
+        "--destdir",
+        "bin",
+        "--workers",
+        "1",
+        cwd=work,
+    )
 
 
 def train_losses(log: str):
     """The training loss of every interval fairseq-train logged (benchmarks/fairseq_log.py reads it)."""
-    return [fields["loss"] for _, fields in load_script("fairseq_log", BENCHMARKS).records(log.splitlines(), "train_inner")]
+    return [
+        fields["loss"] for _, fields in load_script("fairseq_log", BENCHMARKS).records(log.splitlines(), "train_inner")
+    ]
 
 
 def free_port() -> int:

@@ -1,4 +1,5 @@
 """Tiny models and batches for the tests, built through fairseq's own argument parser."""
+
 import os
 from typing import Sequence
 
@@ -14,15 +15,31 @@ REPO = os.path.dirname(USER_DIR)
 
 EMBED, FFN, HEADS, LAYERS = 16, 32, 2, 3
 TINY = [
-    "--encoder-embed-dim", str(EMBED), "--encoder-ffn-embed-dim", str(FFN),
-    "--encoder-attention-heads", str(HEADS), "--encoder-layers", str(LAYERS),
-    "--decoder-embed-dim", str(EMBED), "--decoder-ffn-embed-dim", str(FFN),
-    "--decoder-attention-heads", str(HEADS), "--decoder-layers", str(LAYERS),
-    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-]  # fmt: skip
+    "--encoder-embed-dim",
+    str(EMBED),
+    "--encoder-ffn-embed-dim",
+    str(FFN),
+    "--encoder-attention-heads",
+    str(HEADS),
+    "--encoder-layers",
+    str(LAYERS),
+    "--decoder-embed-dim",
+    str(EMBED),
+    "--decoder-ffn-embed-dim",
+    str(FFN),
+    "--decoder-attention-heads",
+    str(HEADS),
+    "--decoder-layers",
+    str(LAYERS),
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--activation-dropout",
+    "0",
+]
 
-PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross",
-             "decoder,cross", "all"]  # fmt: skip
+PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross", "decoder,cross", "all"]
 MODES = ["sum", "mean"]
 BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup", "resi-dual"]
 # value residual off, or on every path with either mix
@@ -59,9 +76,7 @@ class FakeTask:
 
 def parse_args(arch: str, *flags: str):
     parser = options.get_training_parser()
-    return options.parse_args_and_arch(
-        parser, ["/no/data", "--arch", arch, "--user-dir", USER_DIR, *TINY, *flags]
-    )
+    return options.parse_args_and_arch(parser, ["/no/data", "--arch", arch, "--user-dir", USER_DIR, *TINY, *flags])
 
 
 def build_model(arch: str = "realformer", *flags: str, dictionary=None, seed: int = 0):
@@ -75,12 +90,15 @@ def build_model(arch: str = "realformer", *flags: str, dictionary=None, seed: in
 def realformer(paths: str = "all", mode: str = "mean", backbone: str = "admin", *flags, **kw):
     return build_model(
         "realformer",
-        "--residual-attention-paths", paths,
-        "--residual-attention-mode", mode,
-        "--backbone", backbone,
+        "--residual-attention-paths",
+        paths,
+        "--residual-attention-mode",
+        mode,
+        "--backbone",
+        backbone,
         *flags,
         **kw,
-    )  # fmt: skip
+    )
 
 
 def perturb_(model, seed: int = 1, scale=None):
@@ -110,7 +128,6 @@ def random_batch(dictionary, lengths: Sequence[int], tgt_lengths: Sequence[int],
         prev[i, :n] = torch.randint(nspecial, len(dictionary), (n,), generator=g)
         prev[i, 0] = eos  # decoder input starts with EOS, as fairseq's collater builds it
     return src, torch.tensor(list(lengths)), prev
-
 
 
 def write_clinic_profile(path, encoder_omegas: Sequence[float], decoder_omegas: Sequence[float]) -> None:

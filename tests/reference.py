@@ -19,6 +19,7 @@ t's λ mixes every value query t reads.
 With ``profile=True`` it also recomputes ADMIN's profiling: ω_i = ratio, then
 ratio = sqrt(Var(x·ω_i) + Var(f(x))) over the real tokens, ratio starting at 1 per stack.
 """
+
 import math
 from typing import Dict, Optional, Sequence
 
@@ -150,8 +151,9 @@ def reference_forward(
 
     def attend(path, x_q, x_kv, name, masked, prev, n):
         """attention() on *path*, with V_1 handed on along a value-residual path."""
-        out = attention(x_q, x_kv, params, name, heads, masked, prev, n, path_mode(path),
-                        first_values.get(path), value_mix)  # fmt: skip
+        out = attention(
+            x_q, x_kv, params, name, heads, masked, prev, n, path_mode(path), first_values.get(path), value_mix
+        )
         if path in value_paths and path not in first_values:
             first_values[path] = out[3]
         return out[:3]
@@ -183,10 +185,28 @@ def reference_forward(
             out["encoder_scores"].append(s)
             return o
 
-        x = residual_sublayer(x, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
-                              backbone, enc_alpha, enc_profile, dual)  # fmt: skip
-        x = residual_sublayer(x, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, enc_alpha, enc_profile, dual)  # fmt: skip
+        x = residual_sublayer(
+            x,
+            self_attn,
+            params,
+            f"{p}.self_attn_layer_norm",
+            f"{p}.self_attn_omega",
+            backbone,
+            enc_alpha,
+            enc_profile,
+            dual,
+        )
+        x = residual_sublayer(
+            x,
+            lambda h: feed_forward(h, params, p),
+            params,
+            f"{p}.final_layer_norm",
+            f"{p}.ffn_omega",
+            backbone,
+            enc_alpha,
+            enc_profile,
+            dual,
+        )
     if backbone == "pre-ln":
         x = _layer_norm(x, params, "encoder.layer_norm")
     if backbone == "resi-dual":
@@ -218,12 +238,39 @@ def reference_forward(
             out["cross_probs"] = probs
             return o
 
-        y = residual_sublayer(y, self_attn, params, f"{p}.self_attn_layer_norm", f"{p}.self_attn_omega",
-                              backbone, dec_alpha, dec_profile, dual)  # fmt: skip
-        y = residual_sublayer(y, cross_attn, params, f"{p}.encoder_attn_layer_norm",
-                              f"{p}.encoder_attn_omega", backbone, dec_alpha, dec_profile, dual)  # fmt: skip
-        y = residual_sublayer(y, lambda h: feed_forward(h, params, p), params,
-                              f"{p}.final_layer_norm", f"{p}.ffn_omega", backbone, dec_alpha, dec_profile, dual)  # fmt: skip
+        y = residual_sublayer(
+            y,
+            self_attn,
+            params,
+            f"{p}.self_attn_layer_norm",
+            f"{p}.self_attn_omega",
+            backbone,
+            dec_alpha,
+            dec_profile,
+            dual,
+        )
+        y = residual_sublayer(
+            y,
+            cross_attn,
+            params,
+            f"{p}.encoder_attn_layer_norm",
+            f"{p}.encoder_attn_omega",
+            backbone,
+            dec_alpha,
+            dec_profile,
+            dual,
+        )
+        y = residual_sublayer(
+            y,
+            lambda h: feed_forward(h, params, p),
+            params,
+            f"{p}.final_layer_norm",
+            f"{p}.ffn_omega",
+            backbone,
+            dec_alpha,
+            dec_profile,
+            dual,
+        )
     if backbone == "pre-ln":
         y = _layer_norm(y, params, "decoder.layer_norm")
     if backbone == "resi-dual":

@@ -1,5 +1,6 @@
 """ADMIN's profiled initialisation (in the model, in the checkpoint, identical across ranks),
 Transformer-Clinic profile files, and DeepNorm's α and β."""
+
 import math
 import re
 
@@ -52,8 +53,16 @@ def test_profiling_sets_omega_by_the_formula():
     model.initialize_admin(net_input(src, src_len, prev))
     assert not pending(model) and float(model.admin_initialized) == 1.0
 
-    ref = reference_forward(model, src, prev, paths={"encoder", "decoder", "cross"}, mode="mean",
-                            backbone="admin", heads=HEADS, profile=True)  # fmt: skip
+    ref = reference_forward(
+        model,
+        src,
+        prev,
+        paths={"encoder", "decoder", "cross"},
+        mode="mean",
+        backbone="admin",
+        heads=HEADS,
+        profile=True,
+    )
     want = ref["encoder_omegas"] + ref["decoder_omegas"]
     assert scalar_omegas(model) == pytest.approx(want, rel=1e-5)
 
@@ -153,7 +162,9 @@ def test_clinic_profile_round_trips(tmp_path):
 def test_clinic_profile_of_another_depth_is_a_clear_error(tmp_path):
     path = tmp_path / "profile.ratio.init"
     write_clinic_profile(path, [1.0] * 12, [1.0] * 18)  # a 6L-6L profile
-    with pytest.raises(RealformerConfigError, match=r"--admin-init-path .* 12 \+ 18 .* 3L-3L model needs 6 encoder \+ 9"):
+    with pytest.raises(
+        RealformerConfigError, match=r"--admin-init-path .* 12 \+ 18 .* 3L-3L model needs 6 encoder \+ 9"
+    ):
         realformer("all", "mean", "admin", "--admin-init-path", str(path), dictionary=DICT)
     path.write_text("1 1.0\n3 1.5\n")
     with pytest.raises(RealformerConfigError, match="line 2 has sublayer index 3, expected 2"):
@@ -181,8 +192,8 @@ def test_contradicting_flags_name_the_flags(flags, names):
     "layers, encoder, decoder",
     [
         # α = 0.81 (N⁴M)^(1/16), β = 0.87 (N⁴M)^(-1/16);  α = (3M)^(1/4), β = (12M)^(-1/4)
-        ((6, 6), (0.81 * 6 ** (5 / 16), 0.87 * 6 ** (-5 / 16)), (18 ** 0.25, 72 ** -0.25)),
-        ((18, 18), (0.81 * 18 ** (5 / 16), 0.87 * 18 ** (-5 / 16)), (54 ** 0.25, 216 ** -0.25)),
+        ((6, 6), (0.81 * 6 ** (5 / 16), 0.87 * 6 ** (-5 / 16)), (18**0.25, 72**-0.25)),
+        ((18, 18), (0.81 * 18 ** (5 / 16), 0.87 * 18 ** (-5 / 16)), (54**0.25, 216**-0.25)),
     ],
 )
 def test_deepnorm_alpha_and_beta(layers, encoder, decoder):
@@ -205,7 +216,10 @@ def test_deepnorm_scales_value_output_and_ffn_weights_by_beta():
     scaled = 0
     for name, p in deep.named_parameters():
         beta = beta_e if name.startswith("encoder.layers") else beta_d
-        if re.search(r"layers\.\d+\.(fc1|fc2|self_attn\.v_proj|self_attn\.out_proj|encoder_attn\.v_proj|encoder_attn\.out_proj)\.", name):
+        if re.search(
+            r"layers\.\d+\.(fc1|fc2|self_attn\.v_proj|self_attn\.out_proj|encoder_attn\.v_proj|encoder_attn\.out_proj)\.",
+            name,
+        ):
             torch.testing.assert_close(p, plain_params[name] * beta)
             scaled += 1
         else:  # queries, keys, layer norms, embeddings keep their initialisation
@@ -222,12 +236,27 @@ def two_rank_run(tmp_path_factory):
     preprocess(work)
     port = free_port()
     flags = [
-        "bin", *TRAIN, "--admin-init", "profile", "--max-update", "6", "--save-dir", "ckpt",
-        "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo", "--distributed-no-spawn",
-        "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-world-size", "2",
-    ]  # fmt: skip
-    ranks = [popen("fairseq-train", *flags, "--distributed-rank", str(r), "--device-id", str(r), cwd=work)
-             for r in (0, 1)]  # fmt: skip
+        "bin",
+        *TRAIN,
+        "--admin-init",
+        "profile",
+        "--max-update",
+        "6",
+        "--save-dir",
+        "ckpt",
+        "--ddp-backend",
+        "legacy_ddp",
+        "--distributed-backend",
+        "gloo",
+        "--distributed-no-spawn",
+        "--distributed-init-method",
+        f"tcp://127.0.0.1:{port}",
+        "--distributed-world-size",
+        "2",
+    ]
+    ranks = [
+        popen("fairseq-train", *flags, "--distributed-rank", str(r), "--device-id", str(r), cwd=work) for r in (0, 1)
+    ]
     logs = [p.communicate(timeout=600)[0] for p in ranks]
     for p, log in zip(ranks, logs):
         assert p.returncode == 0, log[-3000:]
@@ -247,8 +276,9 @@ def test_two_rank_training_profiles_once_into_the_checkpoint(two_rank_run):
 def test_resumed_run_keeps_omega_and_never_profiles(two_rank_run):
     work, _ = two_rank_run
     before = torch.load(work / "ckpt" / "checkpoint_last.pt", weights_only=False)["model"]
-    result = run("fairseq-train", "bin", *TRAIN, "--admin-init", "profile", "--max-update", "7",
-                 "--save-dir", "ckpt", cwd=work)  # fmt: skip
+    result = run(
+        "fairseq-train", "bin", *TRAIN, "--admin-init", "profile", "--max-update", "7", "--save-dir", "ckpt", cwd=work
+    )
     log = result.stdout + result.stderr
     assert "Loaded checkpoint ckpt/checkpoint_last.pt" in log and "ADMIN omega initialised" not in log
     after = torch.load(work / "ckpt" / "checkpoint_last.pt", weights_only=False)["model"]
@@ -261,11 +291,32 @@ def test_generation_elsewhere_needs_no_profile_file(two_rank_run, tmp_path):
     work, _ = two_rank_run
     clinic = work / "profile.ratio.init"
     write_clinic_profile(clinic, [1.0 + 0.5 * i for i in range(4)], [1.0 + 0.25 * i for i in range(6)])
-    run("fairseq-train", "bin", *TRAIN, "--admin-init-path", "profile.ratio.init", "--max-update", "2",
-        "--save-dir", "ckpt_clinic", cwd=work)  # fmt: skip
+    run(
+        "fairseq-train",
+        "bin",
+        *TRAIN,
+        "--admin-init-path",
+        "profile.ratio.init",
+        "--max-update",
+        "2",
+        "--save-dir",
+        "ckpt_clinic",
+        cwd=work,
+    )
     for checkpoint in ("ckpt/checkpoint_last.pt", "ckpt_clinic/checkpoint_last.pt"):
-        result = run("fairseq-generate", str(work / "bin"), "--user-dir", USER_DIR, "--path",
-                     str(work / checkpoint), "--beam", "4", "--batch-size", "8", cwd=tmp_path)  # fmt: skip
+        result = run(
+            "fairseq-generate",
+            str(work / "bin"),
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            str(work / checkpoint),
+            "--beam",
+            "4",
+            "--batch-size",
+            "8",
+            cwd=tmp_path,
+        )
         assert len(re.findall(r"^H-\d+\t", result.stdout, re.M)) > 0
     assert not (tmp_path / "profile.ratio.init").exists()
     state = torch.load(work / "ckpt_clinic" / "checkpoint_last.pt", weights_only=False)["model"]

@@ -1,4 +1,5 @@
 """realformer-analyze: per-token attention entropy and adjacent-layer JSD, against the equations."""
+
 import json
 import math
 import subprocess
@@ -19,7 +20,6 @@ from scipy.stats import entropy as scipy_entropy
 
 from fairseq_realformer.analysis import cli
 from fairseq_realformer.analysis.capture import AttentionRecorder, attention_modules
-from fairseq_realformer.options import PATHS
 from fairseq_realformer.analysis.measure import measure
 from fairseq_realformer.analysis.statistics import (
     RESOLUTION,
@@ -30,6 +30,7 @@ from fairseq_realformer.analysis.statistics import (
     jensen_shannon,
     path_masks,
 )
+from fairseq_realformer.options import PATHS
 
 from .cli import BIN, clean_env
 from .helpers import HEADS, LAYERS, build_model, make_dictionary, parse_args, paths_of, perturb_, random_batch
@@ -43,12 +44,28 @@ LOG = {"nats": math.log, "bits": math.log2}
 # plugin's model with both attention modules, both modes and several backbones
 MODELS = {
     "transformer": ("transformer", (), "none", "sum", "post-ln"),
-    "admin-none": ("realformer", ("--residual-attention-paths", "none", "--backbone", "admin"), "none", "mean", "admin"),
+    "admin-none": (
+        "realformer",
+        ("--residual-attention-paths", "none", "--backbone", "admin"),
+        "none",
+        "mean",
+        "admin",
+    ),
     "realformer-all-mean": ("realformer", ("--residual-attention-paths", "all"), "all", "mean", "admin"),
-    "encoder,cross-sum-pre-ln": ("realformer", ("--residual-attention-paths", "encoder,cross", "--residual-attention-mode",
-                                 "sum", "--backbone", "pre-ln"), "encoder,cross", "sum", "pre-ln"),  # fmt: skip
-    "decoder-mean-deepnorm": ("realformer", ("--residual-attention-paths", "decoder", "--backbone", "deepnorm"),
-                              "decoder", "mean", "deepnorm"),  # fmt: skip
+    "encoder,cross-sum-pre-ln": (
+        "realformer",
+        ("--residual-attention-paths", "encoder,cross", "--residual-attention-mode", "sum", "--backbone", "pre-ln"),
+        "encoder,cross",
+        "sum",
+        "pre-ln",
+    ),
+    "decoder-mean-deepnorm": (
+        "realformer",
+        ("--residual-attention-paths", "decoder", "--backbone", "deepnorm"),
+        "decoder",
+        "mean",
+        "deepnorm",
+    ),
 }
 
 
@@ -71,8 +88,11 @@ def reference_probabilities(model, name, src, prev):
     pad = model.encoder.padding_idx
     length = prev.size(1)
     future = torch.ones(length, length, dtype=torch.bool).triu(1)
-    masks = {"encoder": src.eq(pad)[:, None, None, :], "cross": src.eq(pad)[:, None, None, :],
-             "decoder": prev.eq(pad)[:, None, None, :] | future}  # fmt: skip
+    masks = {
+        "encoder": src.eq(pad)[:, None, None, :],
+        "cross": src.eq(pad)[:, None, None, :],
+        "decoder": prev.eq(pad)[:, None, None, :] | future,
+    }
     probabilities = {}
     for path in PATHS:
         layers = []
@@ -107,8 +127,11 @@ def test_recorder_gives_each_layers_per_head_probabilities(name):
     torch.testing.assert_close(recorded, plain, atol=1e-5, rtol=1e-5)
     for path in PATHS:
         got = torch.stack(received[path]).transpose(1, 2)  # (layers, B, H, T, S)
-        assert got.shape == expected[path].shape == (LAYERS, 3, HEADS, prev.size(1) if path != "encoder" else 8,
-                                                     8 if path != "decoder" else prev.size(1))  # fmt: skip
+        assert (
+            got.shape
+            == expected[path].shape
+            == (LAYERS, 3, HEADS, prev.size(1) if path != "encoder" else 8, 8 if path != "decoder" else prev.size(1))
+        )
         torch.testing.assert_close(got, expected[path], atol=1e-5, rtol=1e-4, msg=path)
     for modules in recorder.modules.values():
         for module in modules:
@@ -142,7 +165,9 @@ def test_one_hot_attention_has_entropy_0_and_disjoint_layers_jsd_1():
     for path, (queries, visible) in path_masks(src, prev, pad, pad).items():
         visible = visible.expand(len(src), queries.size(1), visible.size(-1))
         first = torch.nn.functional.one_hot(visible.int().argmax(-1), visible.size(-1)).float()
-        last = torch.nn.functional.one_hot(visible.size(-1) - 1 - visible.int().flip(-1).argmax(-1), visible.size(-1)).float()
+        last = torch.nn.functional.one_hot(
+            visible.size(-1) - 1 - visible.int().flip(-1).argmax(-1), visible.size(-1)
+        ).float()
         layers = [p.unsqueeze(0).expand(HEADS, *p.shape) for p in (first, last)]  # (H, B, T, S)
         stats = PathStatistics(2, HEADS, max_keys=16, unit="nats", sample_size=100, generator=torch.Generator())
         stats.start_batch(queries, visible)
@@ -191,7 +216,9 @@ def test_uniform_attention_has_entropy_log_visible_keys_and_jsd_0(name, unit):
             for head in range(HEADS):
                 got = sorted(s.entropy_sample[layer, :, head].tolist())
                 assert got == pytest.approx(sorted(expected[path]), abs=1e-5), (path, layer, head)
-        assert s.entropy.median() == pytest.approx(np.full((LAYERS, HEADS), np.median(expected[path])), abs=RESOLUTION / 2)
+        assert s.entropy.median() == pytest.approx(
+            np.full((LAYERS, HEADS), np.median(expected[path])), abs=RESOLUTION / 2
+        )
         assert torch.equal(s.jsd_sample, torch.zeros(LAYERS - 1, s.tokens, HEADS)), path
         assert s.jsd.median().tolist() == [[0.0] * HEADS] * (LAYERS - 1)
 
@@ -208,8 +235,10 @@ def test_a_sentence_alone_measures_as_inside_a_padded_batch(name):
     separately = measure(model, alone, sample_size=1000)
     together = measure(model, [net_input(src, lengths, prev)], sample_size=1000)
     for path in PATHS:
-        for a, b in ((separately[path].entropy_sample, together[path].entropy_sample),
-                     (separately[path].jsd_sample, together[path].jsd_sample)):  # fmt: skip
+        for a, b in (
+            (separately[path].entropy_sample, together[path].entropy_sample),
+            (separately[path].jsd_sample, together[path].jsd_sample),
+        ):
             torch.testing.assert_close(a.sort(dim=1).values, b.sort(dim=1).values, atol=1e-5, rtol=0, msg=path)
         for a, b in ((separately[path].entropy, together[path].entropy), (separately[path].jsd, together[path].jsd)):
             # values within 1e-5 of each other may still round into neighbouring bins
@@ -257,7 +286,9 @@ def write_data_bin(folder: Path, dictionary, seed=0):
         prefix = str(folder / f"valid.src-tgt.{lang}")
         builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(dictionary))
         for _ in range(SENTENCES):
-            words = torch.randint(dictionary.nspecial, len(dictionary), (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)
+            words = torch.randint(
+                dictionary.nspecial, len(dictionary), (int(torch.randint(2, 9, (1,), generator=g)),), generator=g
+            )
             builder.add_item(torch.cat([words, torch.tensor([dictionary.eos()])]).int())
         builder.finalize(prefix + ".idx")
     return folder
@@ -265,9 +296,24 @@ def write_data_bin(folder: Path, dictionary, seed=0):
 
 def lstm_model():
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["/no/data", "--arch", "lstm", "--encoder-embed-dim", "8",
-                                                "--encoder-hidden-size", "8", "--decoder-embed-dim", "8",
-                                                "--decoder-hidden-size", "8", "--decoder-out-embed-dim", "8"])  # fmt: skip
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            "/no/data",
+            "--arch",
+            "lstm",
+            "--encoder-embed-dim",
+            "8",
+            "--encoder-hidden-size",
+            "8",
+            "--decoder-embed-dim",
+            "8",
+            "--decoder-hidden-size",
+            "8",
+            "--decoder-out-embed-dim",
+            "8",
+        ],
+    )
 
     class Task:
         source_dictionary = target_dictionary = make_dictionary()
@@ -314,9 +360,27 @@ def analysed(workspace):
     """One run of the command on both checkpoints, with several batches (padding) of the split."""
     root, data, _ = workspace
     out, report = root / "figures", root / "report.json"
-    cli.main([str(data), "--checkpoints", str(root / "transformer.pt"), str(root / "realformer.pt"),
-              "--source-lang", "src", "--target-lang", "tgt", "--max-tokens", "40", "--cpu",
-              "--out", str(out), "--json", str(report), "--dpi", str(DPI)])  # fmt: skip
+    cli.main(
+        [
+            str(data),
+            "--checkpoints",
+            str(root / "transformer.pt"),
+            str(root / "realformer.pt"),
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--max-tokens",
+            "40",
+            "--cpu",
+            "--out",
+            str(out),
+            "--json",
+            str(report),
+            "--dpi",
+            str(DPI),
+        ]
+    )
     return out, json.loads(report.read_text())
 
 
@@ -341,9 +405,15 @@ def expected_medians(name, params, data, eos):
                 visible = slice(0, t + 1) if path == "decoder" else slice(None)
                 rows = p[:, :, t, visible]
                 per_token[path][0].append([[scipy_entropy(h) for h in layer] for layer in rows])
-                per_token[path][1].append([[jensenshannon(u, v, base=2) ** 2 for u, v in zip(upper, lower)]
-                                           for lower, upper in zip(rows, rows[1:])])  # fmt: skip
-    return {path: (np.median(np.array(e), axis=0), np.median(np.array(j), axis=0)) for path, (e, j) in per_token.items()}
+                per_token[path][1].append(
+                    [
+                        [jensenshannon(u, v, base=2) ** 2 for u, v in zip(upper, lower)]
+                        for lower, upper in zip(rows, rows[1:])
+                    ]
+                )
+    return {
+        path: (np.median(np.array(e), axis=0), np.median(np.array(j), axis=0)) for path, (e, j) in per_token.items()
+    }
 
 
 @pytest.mark.parametrize("index,name", [(0, "transformer"), (1, "realformer-all-mean")])
@@ -401,11 +471,15 @@ def test_bad_input_is_one_line_naming_it(workspace, capsys, tmp_path):
     assert line == f"realformer-analyze: error: {data} has no split 'test' for src-tgt (--gen-subset)"
     other = write_data_bin(tmp_path / "bin30", make_dictionary(30))
     line = error_of(capsys, other, "--checkpoints", root / "realformer.pt", *langs)
-    assert line == (f"realformer-analyze: error: checkpoint {root / 'realformer.pt'} does not match {other}: its source "
-                    f"vocabulary has 24 symbols, dict.src.txt has 34 (was it trained on this data?)")  # fmt: skip
+    assert line == (
+        f"realformer-analyze: error: checkpoint {root / 'realformer.pt'} does not match {other}: its source "
+        f"vocabulary has 24 symbols, dict.src.txt has 34 (was it trained on this data?)"
+    )
     line = error_of(capsys, data, "--checkpoints", root / "nope.pt", *langs)
     assert line == f"realformer-analyze: error: --checkpoints {root / 'nope.pt'}: no such file"
-    line = error_of(capsys, data, "--checkpoints", root / "transformer.pt", "--entropy-thresholds", "4.5", "1.5", *langs)
+    line = error_of(
+        capsys, data, "--checkpoints", root / "transformer.pt", "--entropy-thresholds", "4.5", "1.5", *langs
+    )
     assert line == "realformer-analyze: error: --entropy-thresholds 4.5 1.5: LOW must be smaller than HIGH"
     line = error_of(capsys, data, "--checkpoints", root / "transformer.pt", "--labels", "a", "b", *langs)
     assert line == "realformer-analyze: error: --labels gives 2 names, --checkpoints 1 files: one name each"
@@ -419,9 +493,26 @@ def test_bad_input_is_one_line_naming_it(workspace, capsys, tmp_path):
 def test_command_line_error_has_no_traceback(workspace, command):
     root, data, _ = workspace
     executable = [str(BIN / command[0])] + command[1:]
-    result = subprocess.run([*executable, str(data), "--checkpoints", str(root / "lstm.pt"), "--source-lang", "src",
-                             "--target-lang", "tgt", "--out", str(root / "unused")],
-                            env=clean_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [
+            *executable,
+            str(data),
+            "--checkpoints",
+            str(root / "lstm.pt"),
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--out",
+            str(root / "unused"),
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [f"realformer-analyze: error: checkpoint {root / 'lstm.pt'}: {LSTM_REFUSAL}"]
+    assert result.stderr.strip().splitlines() == [
+        f"realformer-analyze: error: checkpoint {root / 'lstm.pt'}: {LSTM_REFUSAL}"
+    ]
     assert not (root / "unused").exists()

@@ -1,6 +1,7 @@
 """ReZero and T-Fixup: no LayerNorm anywhere, ReZero's layers start as the identity, T-Fixup's
 weights have the standard deviations of its formula; impossible flags name themselves. ResiDual:
 its dual stream starts from the embedding and the stack's LayerNorm normalises it."""
+
 import math
 
 import pytest
@@ -29,8 +30,10 @@ def test_rezero_layers_start_as_the_identity(paths):
     alphas = {n: p for n, p in model.named_parameters() if n.endswith("_resweight")}
     assert len(alphas) == 3 * 2 + 3 * 3 and all(p.shape == (1,) and p.item() == 0 for p in alphas.values())
     seen = []
-    hooks = [layer.register_forward_hook(lambda m, args, out: seen.append((args[0], out[0])))
-             for layer in (*model.encoder.layers, *model.decoder.layers)]  # fmt: skip
+    hooks = [
+        layer.register_forward_hook(lambda m, args, out: seen.append((args[0], out[0])))
+        for layer in (*model.encoder.layers, *model.decoder.layers)
+    ]
     model(*random_batch(DICT, [6, 9, 4], [5, 7, 3]))
     for h in hooks:
         h.remove()
@@ -46,9 +49,25 @@ def test_tfixup_scales_value_output_and_ffn_weights_by_its_formula():
     once, by the encoder's (9·N_e)^(-1/4)."""
     d, ffn, enc, dec = 512, 2048, 6, 4
     dictionary = make_dictionary(4000)
-    model = build_model("realformer", "--backbone", "t-fixup", "--encoder-embed-dim", str(d), "--decoder-embed-dim", str(d),
-                        "--encoder-ffn-embed-dim", str(ffn), "--decoder-ffn-embed-dim", str(ffn), "--encoder-layers", str(enc),
-                        "--decoder-layers", str(dec), "--share-all-embeddings", dictionary=dictionary)  # fmt: skip
+    model = build_model(
+        "realformer",
+        "--backbone",
+        "t-fixup",
+        "--encoder-embed-dim",
+        str(d),
+        "--decoder-embed-dim",
+        str(d),
+        "--encoder-ffn-embed-dim",
+        str(ffn),
+        "--decoder-ffn-embed-dim",
+        str(ffn),
+        "--encoder-layers",
+        str(enc),
+        "--decoder-layers",
+        str(dec),
+        "--share-all-embeddings",
+        dictionary=dictionary,
+    )
     xavier = lambda fan_in, fan_out: math.sqrt(2 / (fan_in + fan_out))  # noqa: E731
     checked = 0
     for side, layers in (("encoder", model.encoder.layers), ("decoder", model.decoder.layers)):
@@ -57,16 +76,19 @@ def test_tfixup_scales_value_output_and_ffn_weights_by_its_formula():
             attentions = [layer.self_attn] + ([layer.encoder_attn] if side == "decoder" else [])
             expected = [(layer.fc1.weight, scale * xavier(d, ffn)), (layer.fc2.weight, scale * xavier(ffn, d))]
             for attention in attentions:
-                expected += [(attention.v_proj.weight, scale * xavier(d, d)), (attention.out_proj.weight, scale * xavier(d, d)),
-                             (attention.q_proj.weight, xavier(d, d) / math.sqrt(2)),
-                             (attention.k_proj.weight, xavier(d, d) / math.sqrt(2))]  # fmt: skip
+                expected += [
+                    (attention.v_proj.weight, scale * xavier(d, d)),
+                    (attention.out_proj.weight, scale * xavier(d, d)),
+                    (attention.q_proj.weight, xavier(d, d) / math.sqrt(2)),
+                    (attention.k_proj.weight, xavier(d, d) / math.sqrt(2)),
+                ]
             for weight, std in expected:
                 assert float(weight.std()) == pytest.approx(std, rel=0.03)
                 checked += 1
             assert not layer.fc1.bias.any() and not layer.fc2.bias.any()
     assert checked == enc * 6 + dec * 10
     assert scale == (9 * dec) ** -0.25 and tfixup_scales(enc, dec, "encoder")[0] == 0.67 * enc**-0.25
-    embedding = model.encoder.embed_tokens.weight[dictionary.nspecial:]
+    embedding = model.encoder.embed_tokens.weight[dictionary.nspecial :]
     assert model.decoder.embed_tokens is model.encoder.embed_tokens
     assert float(embedding.std()) == pytest.approx(d**-0.5 * (9 * enc) ** -0.25, rel=0.03)
 
@@ -74,10 +96,22 @@ def test_tfixup_scales_value_output_and_ffn_weights_by_its_formula():
 def test_tfixup_scales_each_embedding_by_its_own_stack_when_not_shared():
     dictionary = make_dictionary(4000)
     d = 256
-    model = build_model("realformer", "--backbone", "t-fixup", "--encoder-embed-dim", str(d), "--decoder-embed-dim", str(d),
-                        "--encoder-layers", "6", "--decoder-layers", "2", dictionary=dictionary)  # fmt: skip
+    model = build_model(
+        "realformer",
+        "--backbone",
+        "t-fixup",
+        "--encoder-embed-dim",
+        str(d),
+        "--decoder-embed-dim",
+        str(d),
+        "--encoder-layers",
+        "6",
+        "--decoder-layers",
+        "2",
+        dictionary=dictionary,
+    )
     for side, layers in (("encoder", 6), ("decoder", 2)):
-        weight = getattr(model, side).embed_tokens.weight[dictionary.nspecial:]
+        weight = getattr(model, side).embed_tokens.weight[dictionary.nspecial :]
         assert float(weight.std()) == pytest.approx(d**-0.5 * (9 * layers) ** -0.25, rel=0.03)
 
 
@@ -86,10 +120,22 @@ def test_tfixup_scales_each_embedding_by_its_own_stack_when_not_shared():
     "flags, names",
     [
         (["--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm, but --backbone {} has none"),
-        (["--encoder-normalize-before"], "--encoder-normalize-before/--decoder-normalize-before contradict --backbone {}"),
-        (["--decoder-normalize-before"], "--encoder-normalize-before/--decoder-normalize-before contradict --backbone {}"),
-        (["--admin-init", "profile"], "--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {}"),
-        (["--admin-init-path", "x.init"], "--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {}"),
+        (
+            ["--encoder-normalize-before"],
+            "--encoder-normalize-before/--decoder-normalize-before contradict --backbone {}",
+        ),
+        (
+            ["--decoder-normalize-before"],
+            "--encoder-normalize-before/--decoder-normalize-before contradict --backbone {}",
+        ),
+        (
+            ["--admin-init", "profile"],
+            "--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {}",
+        ),
+        (
+            ["--admin-init-path", "x.init"],
+            "--admin-init profile / --admin-init-path set ADMIN's omega, but --backbone is {}",
+        ),
     ],
 )
 def test_flags_that_contradict_the_backbone_name_the_flags(backbone, flags, names):
@@ -137,5 +183,6 @@ def test_resi_dual_layers_are_post_ln_and_add_only_the_stack_layer_norms():
     post_ln = set(realformer("all", "mean", "post-ln", dictionary=DICT).state_dict())
     resi_dual = realformer("all", "mean", "resi-dual", dictionary=DICT)
     assert set(resi_dual.state_dict()) - post_ln == {
-        f"{side}.layer_norm.{p}" for side in ("encoder", "decoder") for p in ("weight", "bias")}
+        f"{side}.layer_norm.{p}" for side in ("encoder", "decoder") for p in ("weight", "bias")
+    }
     assert not any(layer.normalize_before for layer in (*resi_dual.encoder.layers, *resi_dual.decoder.layers))

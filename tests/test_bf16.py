@@ -2,6 +2,7 @@
 models under the autocast compute what they compute in float32, to bfloat16's rounding; residual
 attention carries its sums in float32; fairseq-train, fairseq-generate, fairseq-interactive and the
 hub run it on a CPU, keep float32 checkpoints, resume exactly, and refuse what cannot be in one line."""
+
 import json
 import re
 import signal
@@ -13,8 +14,7 @@ from fairseq.trainer import Trainer
 
 from fairseq_realformer import precision
 from fairseq_realformer.errors import RealformerConfigError
-from fairseq_realformer.modules import ResidualMultiheadAttention
-from fairseq_realformer.modules import residual_attention
+from fairseq_realformer.modules import ResidualMultiheadAttention, residual_attention
 from fairseq_realformer.modules.residual_attention import Carried
 
 from .cli import N_TEST, TINY, TRAIN, popen, preprocess, run
@@ -32,10 +32,19 @@ def relative_error(got, want) -> float:
 # computation that differs from float32's (a lost carry, a mask not applied) by tens of percent.
 BF16_RELATIVE_TOLERANCE = 0.05
 
-CASES = [(paths, mode, backbone, "no-vr") for backbone in BACKBONES for paths, mode in (("all", "mean"), ("none", "sum"))]
-CASES += [("all", "sum", "admin", "no-vr"), ("encoder,cross", "mean", "post-ln", "no-vr"), ("decoder", "sum", "pre-ln", "no-vr")]
-CASES += [(paths, "mean", backbone, vr) for vr in ("vr-half", "vr-learned") for paths, backbone in
-          (("all", "admin"), ("none", "post-ln"), ("all", "resi-dual"))]  # fmt: skip
+CASES = [
+    (paths, mode, backbone, "no-vr") for backbone in BACKBONES for paths, mode in (("all", "mean"), ("none", "sum"))
+]
+CASES += [
+    ("all", "sum", "admin", "no-vr"),
+    ("encoder,cross", "mean", "post-ln", "no-vr"),
+    ("decoder", "sum", "pre-ln", "no-vr"),
+]
+CASES += [
+    (paths, "mean", backbone, vr)
+    for vr in ("vr-half", "vr-learned")
+    for paths, backbone in (("all", "admin"), ("none", "post-ln"), ("all", "resi-dual"))
+]
 
 
 @pytest.mark.parametrize("paths, mode, backbone, value_residual", CASES)
@@ -52,10 +61,16 @@ def test_bf16_outputs_match_float32(paths, mode, backbone, value_residual):
     assert all(p.dtype == torch.float32 for p in model.parameters()), "the weights stay float32"
 
 
-@pytest.mark.parametrize("paths, mode, backbone, value_residual", [
-    ("all", "mean", "admin", "no-vr"), ("all", "sum", "post-ln", "vr-learned"), ("none", "sum", "pre-ln", "no-vr"),
-    ("decoder,cross", "mean", "resi-dual", "vr-half"), ("all", "sum", "deepnorm", "no-vr"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "paths, mode, backbone, value_residual",
+    [
+        ("all", "mean", "admin", "no-vr"),
+        ("all", "sum", "post-ln", "vr-learned"),
+        ("none", "sum", "pre-ln", "no-vr"),
+        ("decoder,cross", "mean", "resi-dual", "vr-half"),
+        ("all", "sum", "deepnorm", "no-vr"),
+    ],
+)
 def test_incremental_decoding_equals_full_forward_under_bf16(paths, mode, backbone, value_residual):
     model = perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
     src, src_len, prev = random_batch(DICT, SRC_LENS, [7, 7, 7])
@@ -126,7 +141,9 @@ def test_fast_dropout_keeps_with_probability_1_minus_p_and_scales_like_fairseqs(
     assert abs(kept.float().mean().item() - 0.7) < 0.005  # 200,000 draws: 4 standard deviations
     assert torch.equal(y[kept], torch.full_like(y[kept], 1 / 0.7))  # the inverted-dropout scale, in bfloat16
     y.backward(torch.full_like(y, 2.0))
-    assert torch.equal(x.grad, torch.where(kept, torch.tensor(2 / 0.7, dtype=torch.bfloat16), torch.tensor(0.0, dtype=torch.bfloat16)))
+    assert torch.equal(
+        x.grad, torch.where(kept, torch.tensor(2 / 0.7, dtype=torch.bfloat16), torch.tensor(0.0, dtype=torch.bfloat16))
+    )
 
 
 def test_fairseq_dropout_draws_fast_masks_only_under_bf16_on_a_cpu():
@@ -135,7 +152,10 @@ def test_fairseq_dropout_draws_fast_masks_only_under_bf16_on_a_cpu():
 
     module = FairseqDropout(0.3).train()
     x = torch.randn(50, 60)
-    for bf16, want in ((False, lambda: torch.nn.functional.dropout(x, 0.3, True)), (True, lambda: precision.dropout(x, 0.3))):
+    for bf16, want in (
+        (False, lambda: torch.nn.functional.dropout(x, 0.3, True)),
+        (True, lambda: precision.dropout(x, 0.3)),
+    ):
         with precision.autocast("cpu") if bf16 else torch.autocast("cpu", enabled=False):
             torch.manual_seed(1)
             got = module(x)
@@ -187,9 +207,9 @@ def test_fairseqs_transformer_still_scripts_with_torchscript():
 
 REFUSED = {
     ("--memory-efficient-bf16",): "--memory-efficient-bf16 keeps the weights themselves in bfloat16, which only "
-                                  "fairseq's TPU run (torch_xla) does: use --bf16 (bfloat16 mixed precision, float32 weights)",
+    "fairseq's TPU run (torch_xla) does: use --bf16 (bfloat16 mixed precision, float32 weights)",
     ("--bf16", "--amp"): "--bf16 and --amp exclude each other: choose one precision",
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("flags", REFUSED, ids=" ".join)
@@ -204,8 +224,11 @@ def test_bf16_with_fp16_is_one_line(program, tmp_path):
     """fairseq's parser refuses --fp16 with --tpu, which --bf16 turned on: said as the user typed it."""
     from .test_compat import FIXTURES
 
-    flags = [*TRAIN, "--save-dir", tmp_path] if program == "fairseq-train" else \
-        ["--user-dir", USER_DIR, "--path", FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"]  # fmt: skip
+    flags = (
+        [*TRAIN, "--save-dir", tmp_path]
+        if program == "fairseq-train"
+        else ["--user-dir", USER_DIR, "--path", FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"]
+    )
     result = run(program, FIXTURES / "bin", *flags, "--bf16", "--fp16", check=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     line = result.stderr.strip().splitlines()[-1]
@@ -233,7 +256,9 @@ BF16_TRAIN = [*TRAIN, "--bf16", "--max-update", "30", "--log-interval", "1"]
 
 def per_update_losses(log: str):
     """{num_updates: the loss fairseq logged for that update} from ``--log-interval 1`` json lines."""
-    entries = [json.loads(line.split("| train_inner | ", 1)[1]) for line in log.splitlines() if "| train_inner | " in line]
+    entries = [
+        json.loads(line.split("| train_inner | ", 1)[1]) for line in log.splitlines() if "| train_inner | " in line
+    ]
     return {int(e["num_updates"]): e["loss"] for e in entries}
 
 
@@ -260,10 +285,33 @@ def test_a_bf16_checkpoint_is_float32_and_translates_without_bf16(bf16_run):
     exp_avg = [s["exp_avg"] for s in state["last_optimizer_state"]["state"].values()]
     assert exp_avg and {t.dtype for t in exp_avg} == {torch.float32}, "Adam's state is float32"
     assert "loss_scale" not in state["extra_state"].get("train_meters", {}), "no loss scaler"
-    fp32 = run("fairseq-generate", "bin", "--user-dir", USER_DIR, "--path", "ckpt/checkpoint_last.pt",
-               "--beam", "4", "--batch-size", "8", cwd=work)  # fmt: skip
-    bf16 = run("fairseq-generate", "bin", "--user-dir", USER_DIR, "--path", "ckpt/checkpoint_last.pt",
-               "--beam", "4", "--batch-size", "8", "--bf16", cwd=work)  # fmt: skip
+    fp32 = run(
+        "fairseq-generate",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        "ckpt/checkpoint_last.pt",
+        "--beam",
+        "4",
+        "--batch-size",
+        "8",
+        cwd=work,
+    )
+    bf16 = run(
+        "fairseq-generate",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        "ckpt/checkpoint_last.pt",
+        "--beam",
+        "4",
+        "--batch-size",
+        "8",
+        "--bf16",
+        cwd=work,
+    )
     hypotheses = [dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", r.stdout, re.M)) for r in (fp32, bf16)]
     assert sorted(map(int, hypotheses[0])) == sorted(map(int, hypotheses[1])) == list(range(N_TEST))
     scores = [[float(s) for s in re.findall(r"^H-\d+\t(\S+)\t", r.stdout, re.M)] for r in (fp32, bf16)]
@@ -274,16 +322,33 @@ def test_a_bf16_checkpoint_is_float32_and_translates_without_bf16(bf16_run):
 
 def test_interactive_and_the_hub_translate_in_bf16(bf16_run):
     work, _ = bf16_run
-    result = run("fairseq-interactive", "bin", "--user-dir", USER_DIR, "--path", "ckpt/checkpoint_last.pt",
-                 "--beam", "4", "--source-lang", "src", "--target-lang", "tgt", "--bf16",
-                 cwd=work, stdin="s1 s2 s3\ns4 s5\n")  # fmt: skip
+    result = run(
+        "fairseq-interactive",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        "ckpt/checkpoint_last.pt",
+        "--beam",
+        "4",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--bf16",
+        cwd=work,
+        stdin="s1 s2 s3\ns4 s5\n",
+    )
     assert len(re.findall(r"^H-\d+\t", result.stdout, re.M)) == 2, result.stderr[-2000:]
 
     from fairseq_realformer.models.realformer import RealformerModel
 
-    hubs = [RealformerModel.from_pretrained(str(work / "ckpt"), checkpoint_file="checkpoint_last.pt",
-                                            data_name_or_path=str(work / "bin"), **kwargs).eval()
-            for kwargs in ({}, {"bf16": True})]  # fmt: skip
+    hubs = [
+        RealformerModel.from_pretrained(
+            str(work / "ckpt"), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(work / "bin"), **kwargs
+        ).eval()
+        for kwargs in ({}, {"bf16": True})
+    ]
     sentence = "s1 s2 s3 s4"
     fp32, bf16 = (hub.generate(hub.encode(sentence), beam=4)[0] for hub in hubs)
     assert not torch.equal(fp32["positional_scores"], bf16["positional_scores"]), "bf16=True translated in bfloat16"
@@ -313,11 +378,15 @@ def test_ctrl_c_and_resume_reproduce_an_uninterrupted_bf16_run(bf16_run, tmp_pat
     saved = sorted(p.name for p in (tmp_path / "ckpt").glob("checkpoint[0-9]*.pt"))
     assert saved, "an epoch checkpoint was written before Ctrl-C"
     for name in saved:
-        got, want = (torch.load(folder / name, map_location="cpu", weights_only=False) for folder in
-                     (tmp_path / "ckpt", work / "ckpt"))  # fmt: skip
+        got, want = (
+            torch.load(folder / name, map_location="cpu", weights_only=False)
+            for folder in (tmp_path / "ckpt", work / "ckpt")
+        )
         assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"]), name
-        moments = [[t for s in c["last_optimizer_state"]["state"].values() for t in s.values() if torch.is_tensor(t)]
-                   for c in (got, want)]  # fmt: skip
+        moments = [
+            [t for s in c["last_optimizer_state"]["state"].values() for t in s.values() if torch.is_tensor(t)]
+            for c in (got, want)
+        ]
         assert all(torch.equal(a, b) for a, b in zip(*moments)), name
 
     resumed = run("fairseq-train", "bin", *BF16_TRAIN, "--save-dir", "ckpt", cwd=tmp_path)
@@ -332,10 +401,33 @@ def test_ctrl_c_and_resume_reproduce_an_uninterrupted_bf16_run(bf16_run, tmp_pat
 def test_fairseqs_transformer_trains_in_bf16_on_a_cpu(tmp_path):
     from .test_compat import FIXTURES
 
-    result = run("fairseq-train", FIXTURES / "bin", "--user-dir", USER_DIR, "--arch", "transformer", *TINY,
-                 "--optimizer", "adam", "--lr", "2e-3", "--criterion", "label_smoothed_cross_entropy",
-                 "--max-tokens", "1000", "--max-update", "6", "--log-format", "json", "--log-interval", "1",
-                 "--save-dir", tmp_path, "--bf16", "--cpu")  # fmt: skip
+    result = run(
+        "fairseq-train",
+        FIXTURES / "bin",
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        "transformer",
+        *TINY,
+        "--optimizer",
+        "adam",
+        "--lr",
+        "2e-3",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--max-tokens",
+        "1000",
+        "--max-update",
+        "6",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--save-dir",
+        tmp_path,
+        "--bf16",
+        "--cpu",
+    )
     log = result.stdout + result.stderr
     assert sorted(per_update_losses(log)) == list(range(1, 7)), log[-2000:]
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)

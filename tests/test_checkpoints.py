@@ -1,4 +1,5 @@
 """Checkpoints load under torch.load(weights_only=True) with exactly fairseq's globals allowed."""
+
 import argparse
 import fractions
 import os
@@ -115,5 +116,6 @@ def test_a_checkpoint_without_cfg_loads_as_fairseq_loads_it(tmp_path, no_trust_e
     del state["args"], state["cfg"]
     torch.save(state, path)
     loaded = checkpoint_utils.load_checkpoint_to_cpu(str(path))
-    assert "cfg" not in loaded and torch.equal(loaded["model"]["encoder.embed_tokens.weight"],
-                                               state["model"]["encoder.embed_tokens.weight"])  # fmt: skip
+    assert "cfg" not in loaded and torch.equal(
+        loaded["model"]["encoder.embed_tokens.weight"], state["model"]["encoder.embed_tokens.weight"]
+    )

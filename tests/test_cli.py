@@ -1,6 +1,7 @@
 """End to end, as a user types it: fairseq-preprocess, fairseq-train --user-dir with a realformer
 architecture, fairseq-generate (beam 4), fairseq-interactive and resuming, in subprocesses with
 no environment variable set."""
+
 import json
 import re
 from pathlib import Path
@@ -31,8 +32,20 @@ def test_train_loss_goes_down(trained):
 
 def test_generate_beam4_translates_every_sentence(trained):
     work, _ = trained
-    result = run("fairseq-generate", "bin", "--user-dir", USER_DIR, "--path", "ckpt/checkpoint_last.pt",
-                 "--beam", "4", "--batch-size", "8", "--print-alignment", cwd=work)  # fmt: skip
+    result = run(
+        "fairseq-generate",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        "ckpt/checkpoint_last.pt",
+        "--beam",
+        "4",
+        "--batch-size",
+        "8",
+        "--print-alignment",
+        cwd=work,
+    )
     hypotheses = re.findall(r"^H-(\d+)\t", result.stdout, re.M)
     assert sorted(map(int, hypotheses)) == list(range(N_TEST))
     assert len(re.findall(r"^A-\d+\t", result.stdout, re.M)) == N_TEST
@@ -41,16 +54,28 @@ def test_generate_beam4_translates_every_sentence(trained):
 
 def test_interactive_translates_stdin(trained):
     work, _ = trained
-    result = run("fairseq-interactive", "bin", "--user-dir", USER_DIR, "--path", "ckpt/checkpoint_best.pt",
-                 "--beam", "4", "--source-lang", "src", "--target-lang", "tgt",
-                 cwd=work, stdin="s1 s2 s3\ns4 s5\n")  # fmt: skip
+    result = run(
+        "fairseq-interactive",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        "ckpt/checkpoint_best.pt",
+        "--beam",
+        "4",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        cwd=work,
+        stdin="s1 s2 s3\ns4 s5\n",
+    )
     assert len(re.findall(r"^H-\d+\t", result.stdout, re.M)) == 2
 
 
 def test_restore_file_resumes_training(trained):
     work, _ = trained
-    result = run("fairseq-train", "bin", *TRAIN, "--max-update", "45", "--save-dir", "ckpt",
-                 "--no-save", cwd=work)  # fmt: skip
+    result = run("fairseq-train", "bin", *TRAIN, "--max-update", "45", "--save-dir", "ckpt", "--no-save", cwd=work)
     log = result.stdout + result.stderr
     assert re.search(r"Loaded checkpoint ckpt/checkpoint_last\.pt \(epoch \d+ @ 40 updates\)", log), log[-3000:]
     assert json.loads(log.rsplit("| train_inner | ", 1)[1].splitlines()[0])["num_updates"] == "45"
@@ -67,14 +92,23 @@ def test_checkpoints_hold_only_allowed_globals(trained):
 @pytest.mark.parametrize(
     "flags, error",
     [
-        (["--cross-self-attention"], "--cross-self-attention is not supported by the realformer model: its decoder "
-                                     "self-attention also attends over encoder states, which mixes the separate score paths"),
-        (["--residual-attention-paths", "encoder,foo"], "--residual-attention-paths: unknown path 'foo'; give a comma "
-                                                        "list of encoder, decoder, cross, or all, or none"),
-        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup, resi-dual"),
+        (
+            ["--cross-self-attention"],
+            "--cross-self-attention is not supported by the realformer model: its decoder "
+            "self-attention also attends over encoder states, which mixes the separate score paths",
+        ),
+        (
+            ["--residual-attention-paths", "encoder,foo"],
+            "--residual-attention-paths: unknown path 'foo'; give a comma "
+            "list of encoder, decoder, cross, or all, or none",
+        ),
+        (
+            ["--backbone", "postln"],
+            "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup, resi-dual",
+        ),
         (["--admin-init-path", "missing.init"], "--admin-init-path missing.init: No such file or directory"),
     ],
-)  # fmt: skip
+)
 def test_a_refused_flag_is_one_line_before_anything_is_logged_or_written(trained, flags, error):
     work, _ = trained
     before = sorted(p.name for p in work.iterdir())
@@ -89,10 +123,20 @@ def test_a_refused_flag_is_one_line_before_anything_is_logged_or_written(trained
 
 def test_a_run_refused_after_fairseq_made_its_save_dir_takes_it_back(trained):
     work, _ = trained
-    result = run("fairseq-train", "bin", *TRAIN, "--restore-file", "missing.pt", "--save-dir", "refused/ckpt",
-                 cwd=work, check=False)  # fmt: skip
+    result = run(
+        "fairseq-train",
+        "bin",
+        *TRAIN,
+        "--restore-file",
+        "missing.pt",
+        "--save-dir",
+        "refused/ckpt",
+        cwd=work,
+        check=False,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "fairseq-train: error: --restore-file missing.pt: no such checkpoint file (fairseq-train would train from scratch)")
+        "fairseq-train: error: --restore-file missing.pt: no such checkpoint file (fairseq-train would train from scratch)"
+    )
     assert "'save_dir': 'refused/ckpt'" in result.stdout + result.stderr  # logged once fairseq made the folder
     assert not (work / "refused").exists()

@@ -4,6 +4,7 @@ checkpoints written by 0.1.0's fairseq-train translate identically and resume tr
 The fixtures in tests/data/compat-0.1.0 were made with the code of commit 96826a8 (see the README
 there); nothing in this file may be regenerated with newer code.
 """
+
 import json
 import re
 import shutil
@@ -18,8 +19,16 @@ from .helpers import USER_DIR, make_dictionary, perturb_, realformer
 FIXTURES = Path(__file__).parent / "data" / "compat-0.1.0"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 STORED = torch.load(FIXTURES / "outputs.pt")
-SMALL = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-         "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32"]  # fmt: skip
+SMALL = [
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+]
 
 
 @pytest.mark.parametrize("config", sorted(STORED["outputs"]))
@@ -69,16 +78,44 @@ def assert_same_translations(stdout, expected_lines):
 
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
 def test_old_checkpoint_generates_identically(work, variant):
-    result = run("fairseq-generate", "bin", "--user-dir", USER_DIR, "--path", f"ckpt-{variant}/checkpoint_last.pt",
-                 "--beam", "4", "--batch-size", "8", "--max-len-b", "12", cwd=work)  # fmt: skip
+    result = run(
+        "fairseq-generate",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        f"ckpt-{variant}/checkpoint_last.pt",
+        "--beam",
+        "4",
+        "--batch-size",
+        "8",
+        "--max-len-b",
+        "12",
+        cwd=work,
+    )
     assert_same_translations(result.stdout, EXPECTED[variant]["generate"])
 
 
 def test_old_pre_ln_checkpoint_translates_identically_in_interactive(work):
     """0.1.0 stored --encoder/decoder-normalize-before for a Pre-LN backbone in the checkpoint."""
-    result = run("fairseq-interactive", "bin", "--user-dir", USER_DIR, "--path", "ckpt-pre-ln/checkpoint_last.pt",
-                 "--beam", "4", "--source-lang", "src", "--target-lang", "tgt", "--max-len-b", "12",
-                 cwd=work, stdin="s1 s2 s3\ns4 s5\ns7 s7 s0 s11\n")  # fmt: skip
+    result = run(
+        "fairseq-interactive",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        "ckpt-pre-ln/checkpoint_last.pt",
+        "--beam",
+        "4",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--max-len-b",
+        "12",
+        cwd=work,
+        stdin="s1 s2 s3\ns4 s5\ns7 s7 s0 s11\n",
+    )
     assert_same_translations(result.stdout, EXPECTED["pre-ln"]["interactive"])
 
 
@@ -86,9 +123,24 @@ def test_old_admin_checkpoint_resumes_training_exactly(work):
     """--restore-file (checkpoint_last.pt of the save dir): the ω profiled by 0.1.0 are kept,
     nothing is profiled again, and the next updates' losses are 0.1.0's."""
     expected = EXPECTED["admin-profile"]
-    result = run("fairseq-train", "bin", "--user-dir", USER_DIR, "--arch", "realformer_iwslt_de_en",
-                 *expected["flags"], *_train_flags(), "--max-update", "204", "--save-dir", "ckpt-admin-profile",
-                 "--no-save", "--log-interval", "1", cwd=work)  # fmt: skip
+    result = run(
+        "fairseq-train",
+        "bin",
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        "realformer_iwslt_de_en",
+        *expected["flags"],
+        *_train_flags(),
+        "--max-update",
+        "204",
+        "--save-dir",
+        "ckpt-admin-profile",
+        "--no-save",
+        "--log-interval",
+        "1",
+        cwd=work,
+    )
     log = result.stdout + result.stderr
     assert "Loaded checkpoint ckpt-admin-profile/checkpoint_last.pt" in log and "ADMIN omega initialised" not in log
     assert [f"{x:g}" for x in train_losses(log)] == [f"{float(r['loss']):g}" for r in expected["resume_losses"]]
@@ -97,12 +149,42 @@ def test_old_admin_checkpoint_resumes_training_exactly(work):
 def _train_flags():
     """The flags 0.1.0's fixtures were trained with (tests/cli.TRAIN of that version, then SMALL)."""
     return [
-        "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-attention-heads", "2",
-        "--decoder-attention-heads", "2", "--share-all-embeddings", *SMALL,
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "5e-3",
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", "1000", "--seed", "1", "--num-workers", "0", "--log-format", "json",
-        "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
-        "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric",
-    ]  # fmt: skip
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+        "--share-all-embeddings",
+        *SMALL,
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9,0.98)",
+        "--lr",
+        "5e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "10",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        "1000",
+        "--seed",
+        "1",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "json",
+        "--eval-bleu",
+        "--eval-bleu-args",
+        '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
+        "--best-checkpoint-metric",
+        "bleu",
+        "--maximize-best-checkpoint-metric",
+    ]

@@ -5,6 +5,7 @@ Each kind of damage is tried at each entry point in-process, through the functio
 calls (fast); each command-line tool then shows once, in a subprocess, that the message reaches the
 user as one line on stderr with a non-zero exit and no traceback.
 """
+
 import copy
 
 import pytest
@@ -51,8 +52,8 @@ def told(kind, path):
         "truncated": f"{unreadable}: it is truncated, a torch zip archive cut short at 100000 bytes (an interrupted save or copy?)",
         "text": f"{unreadable}: torch.save did not write it (6 bytes starting b'hello\\n')",
         "not fairseq": f"{path} is a torch file but not a fairseq checkpoint (no 'model' with its 'cfg'): it holds "
-                       f"a dict of {n_tensors} tensors only (a model's bare state_dict?)",
-    }[kind]  # fmt: skip
+        f"a dict of {n_tensors} tensors only (a model's bare state_dict?)",
+    }[kind]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,9 @@ def test_hub_from_pretrained_names_a_missing_folder(tmp_path):
     with pytest.raises(ValueError, match=f"^from_pretrained: model_name_or_path {tmp_path / 'nope'}: no such folder$"):
         RealformerModel.from_pretrained(str(tmp_path / "nope"), checkpoint_file=NAME, data_name_or_path=str(DATA))
     with pytest.raises(ValueError, match=f"^from_pretrained: data_name_or_path {tmp_path / 'nope'}: no such folder$"):
-        RealformerModel.from_pretrained(str(SOUND.parent), checkpoint_file=NAME, data_name_or_path=str(tmp_path / "nope"))
+        RealformerModel.from_pretrained(
+            str(SOUND.parent), checkpoint_file=NAME, data_name_or_path=str(tmp_path / "nope")
+        )
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
@@ -119,7 +122,10 @@ def test_train_restore_file(trainer, damaged, kind):
     with pytest.raises(ValueError) as error:
         load_checkpoint(trainer, restore_file=path)
     if kind == "missing":  # fairseq would train from scratch without a word
-        assert str(error.value) == f"--restore-file {path}: no such checkpoint file (fairseq-train would train from scratch)"
+        assert (
+            str(error.value)
+            == f"--restore-file {path}: no such checkpoint file (fairseq-train would train from scratch)"
+        )
     else:
         assert isinstance(error.value, DamagedCheckpointError) and str(error.value) == told(kind, path)
 
@@ -162,8 +168,22 @@ def test_score(damaged, kind, capsys, tmp_path):
     """Refused before translating; nothing written."""
     reference = tmp_path / "ref.tgt"
     reference.write_text("t1\n" * N_TEST)
-    error = cli_error(capsys, score.main, "--data", DATA, "--checkpoint", damaged[kind], "--source-lang", "src",
-                      "--target-lang", "tgt", "--reference", reference, "--output-dir", tmp_path / "out")  # fmt: skip
+    error = cli_error(
+        capsys,
+        score.main,
+        "--data",
+        DATA,
+        "--checkpoint",
+        damaged[kind],
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--reference",
+        reference,
+        "--output-dir",
+        tmp_path / "out",
+    )
     assert error == f"score.py: error: --checkpoint {told(kind, damaged[kind])}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ref.tgt"]
 
@@ -183,15 +203,20 @@ def test_fairseq_generate_names_a_truncated_checkpoint(damaged):
 
 
 def test_fairseq_interactive_names_an_empty_checkpoint(damaged):
-    result = run("fairseq-interactive", DATA, "--user-dir", USER_DIR, "--path", damaged["empty"], stdin="s1 s2\n", check=False)
+    result = run(
+        "fairseq-interactive", DATA, "--user-dir", USER_DIR, "--path", damaged["empty"], stdin="s1 s2\n", check=False
+    )
     assert_one_line_error(result, f"fairseq-interactive: error: {told('empty', damaged['empty'])}")
 
 
 def test_fairseq_train_names_a_missing_restore_file(damaged, tmp_path):
     path = damaged["missing"]
     result = run("fairseq-train", DATA, *TRAIN, "--save-dir", tmp_path, "--restore-file", path, check=False)
-    assert_one_line_error(result, f"fairseq-train: error: --restore-file {path}: no such checkpoint file "
-                                  f"(fairseq-train would train from scratch)")  # fmt: skip
+    assert_one_line_error(
+        result,
+        f"fairseq-train: error: --restore-file {path}: no such checkpoint file "
+        f"(fairseq-train would train from scratch)",
+    )
     assert not list(tmp_path.glob("*.pt"))
 
 

@@ -3,6 +3,7 @@ every fairseq function they replace as fairseq has it, while what the model need
 (``fairseq_patches``) stays; without it every fix is active; docs/checkpoints-and-errors.md's
 table lists exactly these fixes; each fix's docstring names its call site and what changes for a
 stock transformer."""
+
 import json
 import re
 import sys
@@ -107,16 +108,20 @@ def test_in_this_process_every_fix_is_installed_and_works():
 def test_a_switch_that_is_neither_0_nor_1_is_refused():
     result = run(sys.executable, "-c", "import fairseq_realformer", env={SWITCH: "off"}, check=False)
     assert result.returncode != 0
-    assert result.stderr.strip().splitlines()[-1].endswith(
-        f"{SWITCH}=off: 1 (the default) installs the plugin's fixes to fairseq, 0 none of them")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"{SWITCH}=off: 1 (the default) installs the plugin's fixes to fairseq, 0 none of them")
+    )
 
 
 def key(fix):
     return f"{fix.wrap.__module__}.{fix.wrap.__qualname__}"
 
 
-@pytest.mark.parametrize("fix", sorted({fix.wrap for fix in FIXES}, key=lambda wrap: wrap.__name__),
-                         ids=lambda wrap: wrap.__name__)  # fmt: skip
+@pytest.mark.parametrize(
+    "fix", sorted({fix.wrap for fix in FIXES}, key=lambda wrap: wrap.__name__), ids=lambda wrap: wrap.__name__
+)
 def test_each_fix_says_its_call_site_and_what_changes_for_a_stock_transformer(fix):
     doc = " ".join(fix.__doc__.split())
     assert "Call site:" in doc and "stock ``transformer``" in doc
@@ -154,7 +159,10 @@ def test_a_checkpoint_copy_stopped_half_way_leaves_the_old_file_whole(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         copy_checkpoints_whole(stopped_half_way)(str(new), str(last), overwrite=True)
-    assert last.read_bytes() == b"old checkpoint" and sorted(p.name for p in tmp_path.iterdir()) == [new.name, last.name]
+    assert last.read_bytes() == b"old checkpoint" and sorted(p.name for p in tmp_path.iterdir()) == [
+        new.name,
+        last.name,
+    ]
     assert "copy_checkpoints_whole" in " ".join(installed(PathManager.copy))
     assert PathManager.copy(str(new), str(last), overwrite=True)
     assert last.read_bytes() == new.read_bytes() and not (tmp_path / "checkpoint_last.pt.partial").exists()

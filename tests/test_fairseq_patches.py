@@ -1,6 +1,7 @@
 """The plugin's changes to fairseq (``fairseq_patches``, what the model needs, and ``fairseq_fixes``,
 fairseq's defects): installed once, each where fairseq's callers look it up, and a patch whose call
 site fairseq changed fails loudly instead of silently doing nothing."""
+
 import sys
 import time
 import types
@@ -34,8 +35,9 @@ def test_every_index_is_batched_exactly_once_in_order(n, max_tokens, max_sentenc
     dataset = FairseqDataset()
     dataset.num_tokens = lambda i: lengths[i]
     dataset.num_tokens_vec = lambda i: lengths[i]
-    batches = dataset.batch_by_size(indices, max_tokens=max_tokens, max_sentences=max_sentences,
-                                    required_batch_size_multiple=8)  # fmt: skip
+    batches = dataset.batch_by_size(
+        indices, max_tokens=max_tokens, max_sentences=max_sentences, required_batch_size_multiple=8
+    )
     assert np.array_equal(np.concatenate(batches), indices)
     for batch in batches:
         if max_sentences:
@@ -45,10 +47,19 @@ def test_every_index_is_batched_exactly_once_in_order(n, max_tokens, max_sentenc
 
 
 def patched_attributes():
-    return [data_utils.batch_by_size, checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint,
-            checkpoint_utils.load_model_ensemble_and_task, hub_utils.from_pretrained, checkpoint_utils.load_checkpoint,
-            Trainer.__init__, fairseq_cli.generate.main, fairseq_cli.interactive.main,
-            checkpoint_utils.verify_checkpoint_directory, sys.excepthook]  # fmt: skip
+    return [
+        data_utils.batch_by_size,
+        checkpoint_utils.load_checkpoint_to_cpu,
+        checkpoint_utils.load_ema_from_checkpoint,
+        checkpoint_utils.load_model_ensemble_and_task,
+        hub_utils.from_pretrained,
+        checkpoint_utils.load_checkpoint,
+        Trainer.__init__,
+        fairseq_cli.generate.main,
+        fairseq_cli.interactive.main,
+        checkpoint_utils.verify_checkpoint_directory,
+        sys.excepthook,
+    ]
 
 
 def test_every_patch_is_installed_once():
@@ -66,7 +77,7 @@ def test_a_call_site_that_no_longer_calls_the_patched_function_fails_loudly():
     caller_globals = {"fake_fairseq_module": fairseq_module}
     still_calls = eval("lambda path: fake_fairseq_module.load(path)", caller_globals)
     imported_it_directly = eval("lambda path: load(path)", {"load": fairseq_module.load})
-    patch(fairseq_module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[still_calls])
+    patch(fairseq_module, "load", lambda f: lambda path: f(path) + "!", call_sites=[still_calls])
     assert still_calls("x") == "x!"
     with pytest.raises(ImportError, match="no longer calls fake_fairseq_module.load"):
         patch(fairseq_module, "load", lambda f: f, call_sites=[imported_it_directly])
@@ -81,10 +92,10 @@ def test_call_sites_that_import_the_module_inside_or_call_the_class_are_recognis
     module.load, package.fairseq_module = (lambda path: path), module
     monkeypatch.setitem(sys.modules, "fake_package", package)
     monkeypatch.setitem(sys.modules, "fake_package.fairseq_module", module)
-    patch(module, "load", lambda f: (lambda path: f(path) + "!"), call_sites=[_imports_the_module_inside])
+    patch(module, "load", lambda f: lambda path: f(path) + "!", call_sites=[_imports_the_module_inside])
     assert _imports_the_module_inside("x") == "x!"
 
-    patch(_Built, "__init__", lambda init: (lambda self: setattr(self, "how", "patched")), call_sites=[_builds])
+    patch(_Built, "__init__", lambda init: lambda self: setattr(self, "how", "patched"), call_sites=[_builds])
     assert _builds().how == "patched"
     with pytest.raises(ImportError, match="_does_not_build no longer calls _Built.__init__"):
         patch(_Built, "__init__", lambda init: init, call_sites=[_does_not_build])
@@ -117,10 +128,17 @@ def test_a_stand_in_trainer_and_model_pass_through_load_checkpoint_untouched(tmp
     trainer.checkpoint_suffix = ""
     trainer.load_checkpoint.return_value = None  # no checkpoint_last.pt: a first launch
     trainer.get_train_iterator.return_value = epoch_itr
-    extra_state, itr = checkpoint_utils.load_checkpoint(OmegaConf.structured(CheckpointConfig(save_dir=str(tmp_path))), trainer)
+    extra_state, itr = checkpoint_utils.load_checkpoint(
+        OmegaConf.structured(CheckpointConfig(save_dir=str(tmp_path))), trainer
+    )
     assert extra_state is None and itr is epoch_itr
     assert epoch_itr.mock_calls == [] and trainer.get_model.return_value.mock_calls == []
-    assert {name for name, _, _ in trainer.mock_calls} <= {"load_checkpoint", "get_train_iterator", "lr_step", "get_model"}
+    assert {name for name, _, _ in trainer.mock_calls} <= {
+        "load_checkpoint",
+        "get_train_iterator",
+        "lr_step",
+        "get_model",
+    }
 
 
 @pytest.mark.parametrize("restart", [False, True])
@@ -149,7 +167,7 @@ def test_a_resumed_runs_wall_clock_runs_again(restart):
         metrics.reset()
 
 
-PROBE = f'''
+PROBE = f"""
 import os
 import unittest
 
@@ -176,7 +194,7 @@ class TestProbe(unittest.TestCase):
     @unittest.skip("skipped everywhere")
     def test_skipped(self):
         pass
-'''
+"""
 
 
 def test_fairseqs_tests_run_without_and_with_the_plugin_and_compare_test_by_test(tmp_path):
@@ -189,8 +207,14 @@ def test_fairseqs_tests_run_without_and_with_the_plugin_and_compare_test_by_test
     (checkout / "tests" / "__init__.py").write_text("")
     (checkout / "tests" / "test_probe.py").write_text(PROBE)
     # a caller's own overrides must not leak into the columns that do not set them
-    out = run(SCRIPTS / "fairseq_tests_with_plugin.py", checkout, "tests/test_probe.py", "--out", tmp_path / "out",
-              env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "REALFORMER_FAIRSEQ_FIXES": "0"}).stdout  # fmt: skip
+    out = run(
+        SCRIPTS / "fairseq_tests_with_plugin.py",
+        checkout,
+        "tests/test_probe.py",
+        "--out",
+        tmp_path / "out",
+        env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "REALFORMER_FAIRSEQ_FIXES": "0"},
+    ).stdout
     assert "| test_probe.py | 3/1/1 | 4/0/1 | 1/3/1 | 2/2/1 |" in out  # fairseq | weights_only off | plugin | fixes off
     differ = out.split("tests whose result differs:")[1].strip().splitlines()
     columns = ("fairseq", "fairseq, weights_only off", "plugin", "plugin, fixes off")
@@ -204,7 +228,9 @@ def test_fairseqs_tests_run_without_and_with_the_plugin_and_compare_test_by_test
         differs("test_unpickling_allowed", "failed", "passed", "failed", "failed"),
     ]
     slugs = ("fairseq", "fairseq-weights_only-off", "plugin", "plugin-fixes-off")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"{s}.{e}" for s in slugs for e in ("log", "xml"))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        f"{s}.{e}" for s in slugs for e in ("log", "xml")
+    )
 
 
 def test_fairseqs_tests_need_a_fairseq_checkout(tmp_path):
@@ -213,8 +239,11 @@ def test_fairseqs_tests_need_a_fairseq_checkout(tmp_path):
     result = run(SCRIPTS / "fairseq_tests_with_plugin.py", tmp_path, "--out", out, check=False)
     assert result.returncode == 2 and not out.exists()
     assert result.stderr.strip().splitlines() == [
-        f"fairseq_tests_with_plugin.py: error: {tmp_path}: no tests/ folder; give a fairseq source checkout"]
+        f"fairseq_tests_with_plugin.py: error: {tmp_path}: no tests/ folder; give a fairseq source checkout"
+    ]
     (tmp_path / "tests").mkdir()
     result = run(SCRIPTS / "fairseq_tests_with_plugin.py", tmp_path, "tests/test_train.py", "--out", out, check=False)
     assert result.returncode == 2 and not out.exists()
-    assert result.stderr.strip().splitlines() == [f"fairseq_tests_with_plugin.py: error: {tmp_path}: no tests/test_train.py"]
+    assert result.stderr.strip().splitlines() == [
+        f"fairseq_tests_with_plugin.py: error: {tmp_path}: no tests/test_train.py"
+    ]

@@ -2,6 +2,7 @@
 and --amp on a machine without a CUDA GPU stop with one line naming the flag and what to do instead
 (with a GPU nothing changes); --bf16 without torch_xla is the plugin's bfloat16 mixed precision on
 a CPU or a GPU (tests/test_bf16.py), and with torch_xla fairseq's TPU run."""
+
 from argparse import Namespace
 
 import pytest
@@ -22,9 +23,9 @@ NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="what happens with
 REFUSED_WITHOUT_GPU = {
     "--fp16": "--fp16 needs a CUDA GPU, and torch sees none on this machine: leave out --fp16 to train in float32",
     "--memory-efficient-fp16": "--memory-efficient-fp16 needs a CUDA GPU, and torch sees none on this machine: "
-                               "leave out --memory-efficient-fp16 to train in float32",
+    "leave out --memory-efficient-fp16 to train in float32",
     "--amp": "--amp needs a CUDA GPU, and torch sees none on this machine: leave out --amp to train in float32",
-}  # fmt: skip
+}
 
 
 def training_config(*flags):
@@ -49,10 +50,14 @@ def common(**flags):
     return Namespace(**{name: flags.get(name, False) for name in names})
 
 
-@pytest.mark.parametrize("flag, flags", [
-    ("--fp16", dict(fp16=True)), ("--memory-efficient-fp16", dict(fp16=True, memory_efficient_fp16=True)),
-    ("--amp", dict(amp=True)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag, flags",
+    [
+        ("--fp16", dict(fp16=True)),
+        ("--memory-efficient-fp16", dict(fp16=True, memory_efficient_fp16=True)),
+        ("--amp", dict(amp=True)),
+    ],
+)
 def test_nothing_changes_on_a_gpu(flag, flags):
     assert half_precision_problem(common(**flags), cuda=True, xla=False) is None
     assert half_precision_problem(common(**flags, cpu=True), cuda=True, xla=False) == (

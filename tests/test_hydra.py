@@ -1,6 +1,7 @@
 """fairseq-hydra-train with the Table 7 configs of examples/wmt14/config: every cell composes to
 the run examples/wmt14/train.sh makes for it, and a tiny run trains the same model as the
 equivalent fairseq-train command line."""
+
 import shlex
 import warnings
 from pathlib import Path
@@ -26,18 +27,38 @@ from .test_compat import FIXTURES
 CONFIG = Path(REPO) / "examples" / "wmt14" / "config"
 TRAIN_SH = Path(REPO) / "examples" / "wmt14" / "train.sh"
 # The cells of the paper's Table 7: (--config-name, depth=) -> train.sh's --lang and --depth
-CELLS = {("en_de", "6L-6L"): ("en-de", "6"), ("en_de", "12L-12L"): ("en-de", "12"), ("en_de", "18L-18L"): ("en-de", "18"),
-         ("en_fr", "6L-6L"): ("en-fr", "6"), ("en_fr", "60L-12L"): ("en-fr", "60-12")}  # fmt: skip
+CELLS = {
+    ("en_de", "6L-6L"): ("en-de", "6"),
+    ("en_de", "12L-12L"): ("en-de", "12"),
+    ("en_de", "18L-18L"): ("en-de", "18"),
+    ("en_fr", "6L-6L"): ("en-fr", "6"),
+    ("en_fr", "60L-12L"): ("en-fr", "60-12"),
+}
 ROWS = ["post-ln", "pre-ln", "admin", "realformer"]
-MODEL_KEYS = ["_name", "encoder_layers", "decoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim",
-              "encoder_attention_heads", "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads",
-              "dropout", "share_all_embeddings", *(flag.dest for flag in FLAGS)]  # fmt: skip
-RUN_KEYS = {"common": ["fp16", "seed", "log_format", "log_interval"],
-            "task": ["data", "source_lang", "target_lang"],
-            "criterion": ["_name", "label_smoothing"], "optimizer": ["_name", "adam_betas"],
-            "optimization": ["lr", "clip_norm", "max_epoch", "update_freq"],
-            "lr_scheduler": ["_name", "warmup_updates", "power", "end_learning_rate", "total_num_update"],
-            "dataset": ["max_tokens"], "checkpoint": ["save_interval", "keep_last_epochs"]}  # fmt: skip
+MODEL_KEYS = [
+    "_name",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_embed_dim",
+    "encoder_ffn_embed_dim",
+    "encoder_attention_heads",
+    "decoder_embed_dim",
+    "decoder_ffn_embed_dim",
+    "decoder_attention_heads",
+    "dropout",
+    "share_all_embeddings",
+    *(flag.dest for flag in FLAGS),
+]
+RUN_KEYS = {
+    "common": ["fp16", "seed", "log_format", "log_interval"],
+    "task": ["data", "source_lang", "target_lang"],
+    "criterion": ["_name", "label_smoothing"],
+    "optimizer": ["_name", "adam_betas"],
+    "optimization": ["lr", "clip_norm", "max_epoch", "update_freq"],
+    "lr_scheduler": ["_name", "warmup_updates", "power", "end_learning_rate", "total_num_update"],
+    "dataset": ["max_tokens"],
+    "checkpoint": ["save_interval", "keep_last_epochs"],
+}
 
 
 def hydra_config(name, *overrides):
@@ -57,10 +78,26 @@ def hydra_config(name, *overrides):
 def train_sh_config(lang, depth, row):
     """The configuration of the fairseq-train command `train.sh --dry-run` prints for one cell
     (8 GPUs: the paper's 32k tokens per update with --update-freq 1)."""
-    printed = run(TRAIN_SH, "--dry-run", "--gpus", "8", "--variant", row, "--depth", depth, "--lang", lang,
-                  "--total-num-update", "300000").stdout.strip().splitlines()[-1]  # fmt: skip
+    printed = (
+        run(
+            TRAIN_SH,
+            "--dry-run",
+            "--gpus",
+            "8",
+            "--variant",
+            row,
+            "--depth",
+            depth,
+            "--lang",
+            lang,
+            "--total-num-update",
+            "300000",
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     words = shlex.split(printed)  # torchrun ... bash -c WRAPPER fairseq-train ARGS...
-    argv = words[words.index("fairseq-train") + 1:]
+    argv = words[words.index("fairseq-train") + 1 :]
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
 
 
@@ -105,19 +142,45 @@ def test_hydra_train_builds_the_model_of_the_fairseq_train_command_line(tmp_path
     """RealFormer (the default row) at a tiny size, 3 updates on the toy corpus."""
     sizes = TINY[: TINY.index("--share-all-embeddings")]  # --encoder-embed-dim 32 ... (the configs share them too)
     overrides = [f"model.{flag[2:].replace('-', '_')}={value}" for flag, value in zip(sizes[::2], sizes[1::2])]
-    result = run("fairseq-hydra-train", "--config-dir", CONFIG, "--config-name", "en_de", f"common.user_dir={USER_DIR}",
-                 "common.fp16=false", f"task.data={FIXTURES / 'bin'}", "task.source_lang=src", "task.target_lang=tgt",
-                 *overrides, "optimization.max_update=3", "lr_scheduler.total_num_update=3",
-                 "lr_scheduler.warmup_updates=1", "dataset.max_tokens=1000", "dataset.num_workers=0",
-                 f"checkpoint.save_dir={tmp_path / 'ckpt'}", cwd=tmp_path)  # fmt: skip
+    result = run(
+        "fairseq-hydra-train",
+        "--config-dir",
+        CONFIG,
+        "--config-name",
+        "en_de",
+        f"common.user_dir={USER_DIR}",
+        "common.fp16=false",
+        f"task.data={FIXTURES / 'bin'}",
+        "task.source_lang=src",
+        "task.target_lang=tgt",
+        *overrides,
+        "optimization.max_update=3",
+        "lr_scheduler.total_num_update=3",
+        "lr_scheduler.warmup_updates=1",
+        "dataset.max_tokens=1000",
+        "dataset.num_workers=0",
+        f"checkpoint.save_dir={tmp_path / 'ckpt'}",
+        cwd=tmp_path,
+    )
     log = result.stdout + result.stderr
     assert "ADMIN omega initialised by profiling" in log  # the row's --admin-init profile
     checkpoint = read_checkpoint(tmp_path / "ckpt" / "checkpoint_last.pt")
     assert checkpoint["optimizer_history"][-1]["num_updates"] == 3
     assert (tmp_path / "ckpt" / ".hydra" / "config.yaml").exists()  # the composed config, with the checkpoints
 
-    argv = [str(FIXTURES / "bin"), "--user-dir", USER_DIR, "--arch", "realformer_wmt_en_de", *VARIANTS["realformer"],
-            *TINY, "--source-lang", "src", "--target-lang", "tgt"]  # fmt: skip
+    argv = [
+        str(FIXTURES / "bin"),
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        "realformer_wmt_en_de",
+        *VARIANTS["realformer"],
+        *TINY,
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+    ]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     model = tasks.setup_task(cfg.task).build_model(cfg.model)  # as fairseq_cli.train.main builds it
     expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
@@ -131,10 +194,24 @@ def test_hydra_train_builds_the_model_of_the_fairseq_train_command_line(tmp_path
 def test_a_plugin_error_under_hydra_is_its_message_alone_between_hydras_lines(tmp_path):
     """The configs train in fp16; without a GPU the plugin refuses it. hydra shows our error as its
     message alone, no traceback: its overrides line before, its hint after (docs/recipes.md)."""
-    result = run("fairseq-hydra-train", "--config-dir", CONFIG, "--config-name", "en_de", f"common.user_dir={USER_DIR}",
-                 f"task.data={FIXTURES / 'bin'}", "task.source_lang=src", "task.target_lang=tgt",
-                 "model.encoder_layers=1", "model.decoder_layers=1", "lr_scheduler.total_num_update=3",
-                 "dataset.num_workers=0", f"checkpoint.save_dir={tmp_path / 'ckpt'}", cwd=tmp_path, check=False)  # fmt: skip
+    result = run(
+        "fairseq-hydra-train",
+        "--config-dir",
+        CONFIG,
+        "--config-name",
+        "en_de",
+        f"common.user_dir={USER_DIR}",
+        f"task.data={FIXTURES / 'bin'}",
+        "task.source_lang=src",
+        "task.target_lang=tgt",
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        "lr_scheduler.total_num_update=3",
+        "dataset.num_workers=0",
+        f"checkpoint.save_dir={tmp_path / 'ckpt'}",
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     message = "--fp16 needs a CUDA GPU, and torch sees none on this machine: leave out --fp16 to train in float32"
     lines = result.stderr.strip().splitlines()

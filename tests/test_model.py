@@ -1,5 +1,6 @@
 """The realformer model: equal to fairseq's transformer when switched off, equal to the
 equations when on, and decoding, batching and gradients behave as a user relies on."""
+
 import pytest
 import torch
 from fairseq.models.transformer import TransformerModel
@@ -10,9 +11,20 @@ from fairseq_realformer.modules import ResidualMultiheadAttention
 from fairseq_realformer.modules.admin import closed_form_omega
 
 from .helpers import (
-    BACKBONES, HEADS, LAYERS, MODES, PATH_SETS, VALUE_RESIDUAL, build_model, make_dictionary, paths_of,
-    perturb_, random_batch, realformer, value_residual_of,
-)  # fmt: skip
+    BACKBONES,
+    HEADS,
+    LAYERS,
+    MODES,
+    PATH_SETS,
+    VALUE_RESIDUAL,
+    build_model,
+    make_dictionary,
+    paths_of,
+    perturb_,
+    random_batch,
+    realformer,
+    value_residual_of,
+)
 from .reference import reference_forward
 
 DICT = make_dictionary()
@@ -71,8 +83,9 @@ def test_admin_adds_only_omega_to_fairseqs_parameters():
 @pytest.mark.parametrize("layers", [(6, 6), (18, 18), (60, 12)])
 def test_admin_closed_form_omega(layers):
     enc, dec = layers
-    model = realformer("all", "mean", "admin", "--encoder-layers", str(enc), "--decoder-layers", str(dec),
-                       dictionary=DICT)  # fmt: skip
+    model = realformer(
+        "all", "mean", "admin", "--encoder-layers", str(enc), "--decoder-layers", str(dec), dictionary=DICT
+    )
     omegas = {name: p for name, p in model.named_parameters() if name.endswith("_omega")}
     for name, omega in omegas.items():
         n = 2 * enc if name.startswith("encoder.") else 3 * dec
@@ -92,8 +105,16 @@ def test_matches_reference(paths, mode, backbone, value_residual):
     model = perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     enc, logits, extra = forward(model, src, src_len, prev)
-    ref = reference_forward(model, src, prev, paths=paths_of(paths), mode=mode, backbone=backbone, heads=HEADS,
-                            **value_residual_of(value_residual))  # fmt: skip
+    ref = reference_forward(
+        model,
+        src,
+        prev,
+        paths=paths_of(paths),
+        mode=mode,
+        backbone=backbone,
+        heads=HEADS,
+        **value_residual_of(value_residual),
+    )
     # ResiDual's output x + LN(d) adds two unit-scale streams: twice float32's rounding
     atol = 2e-5 if backbone == "resi-dual" else 1e-5
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True), atol)
@@ -132,11 +153,19 @@ def test_incremental_decoding_equals_full_forward(paths, mode, backbone, value_r
 
 @pytest.mark.parametrize(
     "paths, mode, backbone, value_residual",
-    [("all", "mean", "admin", "no-vr"), ("all", "sum", "post-ln", "no-vr"), ("cross", "mean", "pre-ln", "no-vr"),
-     ("none", "sum", "admin", "no-vr"), ("all", "mean", "rezero", "no-vr"), ("decoder,cross", "sum", "t-fixup", "no-vr"),
-     ("all", "mean", "resi-dual", "no-vr"), ("all", "mean", "admin", "vr-learned"), ("none", "sum", "post-ln", "vr-half"),
-     ("all", "mean", "resi-dual", "vr-learned")],
-)  # fmt: skip
+    [
+        ("all", "mean", "admin", "no-vr"),
+        ("all", "sum", "post-ln", "no-vr"),
+        ("cross", "mean", "pre-ln", "no-vr"),
+        ("none", "sum", "admin", "no-vr"),
+        ("all", "mean", "rezero", "no-vr"),
+        ("decoder,cross", "sum", "t-fixup", "no-vr"),
+        ("all", "mean", "resi-dual", "no-vr"),
+        ("all", "mean", "admin", "vr-learned"),
+        ("none", "sum", "post-ln", "vr-half"),
+        ("all", "mean", "resi-dual", "vr-learned"),
+    ],
+)
 def test_beam_search_scores_are_the_models_probabilities(paths, mode, backbone, value_residual):
     """Beam 4 through fairseq's generator (beam reordering of the incremental state): every
     hypothesis' token scores equal the full teacher-forced forward pass on that hypothesis."""
@@ -222,9 +251,12 @@ def _scores_and_grads(model, path, cut_carry):
     With *cut_carry*, layer 2 receives S_1 detached: only the carry's edge is removed."""
     first, second = _attention_modules(model, path)[:2]
     captured = []
-    hooks = [m.register_forward_hook(lambda m, a, k, out: captured.append(out[2].scores), with_kwargs=True)
-             for m in (first, second)]  # fmt: skip
+    hooks = [
+        m.register_forward_hook(lambda m, a, k, out: captured.append(out[2].scores), with_kwargs=True)
+        for m in (first, second)
+    ]
     if cut_carry:
+
         def detach_prev(module, args, kwargs):
             kwargs["carried"] = kwargs["carried"]._replace(scores=kwargs["carried"].scores.detach())
             return args, kwargs
@@ -259,9 +291,22 @@ def test_layerdrop_counts_the_layers_actually_run():
     """With LayerDrop, the carried scores skip a dropped layer and the running mean divides by
     the number of attention layers actually run."""
     layers, p = 4, 0.5
-    model = perturb_(realformer("all", "mean", "admin", "--encoder-layers", str(layers),
-                                "--decoder-layers", str(layers), "--encoder-layerdrop", str(p),
-                                "--decoder-layerdrop", str(p), dictionary=DICT))  # fmt: skip
+    model = perturb_(
+        realformer(
+            "all",
+            "mean",
+            "admin",
+            "--encoder-layers",
+            str(layers),
+            "--decoder-layers",
+            str(layers),
+            "--encoder-layerdrop",
+            str(p),
+            "--decoder-layerdrop",
+            str(p),
+            dictionary=DICT,
+        )
+    )
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     for seed in range(20):
         torch.manual_seed(seed)  # LayerDropModuleList draws one uniform per layer per pass
@@ -272,8 +317,17 @@ def test_layerdrop_counts_the_layers_actually_run():
     model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
     torch.manual_seed(seed)
     enc, logits, _ = forward(model, src, src_len, prev)
-    ref = reference_forward(model, src, prev, paths=paths_of("all"), mode="mean", backbone="admin",
-                            heads=HEADS, encoder_layers=kept_enc, decoder_layers=kept_dec)  # fmt: skip
+    ref = reference_forward(
+        model,
+        src,
+        prev,
+        paths=paths_of("all"),
+        mode="mean",
+        backbone="admin",
+        heads=HEADS,
+        encoder_layers=kept_enc,
+        decoder_layers=kept_dec,
+    )
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True))
     assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False))
 

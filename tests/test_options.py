@@ -1,5 +1,6 @@
 """The plugin's options: one table makes the flags, the architectures' defaults and the checks;
 they are parsed once per model into one frozen object that every layer reads."""
+
 import argparse
 import dataclasses
 import subprocess
@@ -13,7 +14,7 @@ from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules import ResidualMultiheadAttention
 from fairseq_realformer.variants import VARIANTS
 
-from .helpers import USER_DIR, FakeTask, build_model, make_dictionary, parse_args, realformer, write_clinic_profile
+from .helpers import USER_DIR, FakeTask, make_dictionary, parse_args, realformer, write_clinic_profile
 
 DICT = make_dictionary()
 
@@ -32,15 +33,27 @@ def test_every_flag_is_on_the_command_line_and_the_architecture_sets_the_papers_
 @pytest.mark.parametrize(
     "flags, error",
     [
-        (["--residual-attention-paths", "encoder,foo"], "--residual-attention-paths: unknown path 'foo'; give a comma "
-                                                        "list of encoder, decoder, cross, or all, or none"),
+        (
+            ["--residual-attention-paths", "encoder,foo"],
+            "--residual-attention-paths: unknown path 'foo'; give a comma "
+            "list of encoder, decoder, cross, or all, or none",
+        ),
         (["--residual-attention-mode", "avg"], "--residual-attention-mode avg: choose from sum, mean"),
-        (["--backbone", "postln"], "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup, resi-dual"),
+        (
+            ["--backbone", "postln"],
+            "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup, resi-dual",
+        ),
         (["--admin-init", "clinic"], "--admin-init clinic: choose from closed-form, profile"),
-        (["--backbone", "rezero", "--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm, but --backbone rezero has none"),
-        (["--admin-init-path", "/no/such/profile.ratio.init"], "--admin-init-path /no/such/profile.ratio.init: No such file or directory"),
+        (
+            ["--backbone", "rezero", "--layernorm-embedding"],
+            "--layernorm-embedding adds a LayerNorm, but --backbone rezero has none",
+        ),
+        (
+            ["--admin-init-path", "/no/such/profile.ratio.init"],
+            "--admin-init-path /no/such/profile.ratio.init: No such file or directory",
+        ),
     ],
-)  # fmt: skip
+)
 def test_every_plugin_flag_is_checked_while_fairseq_parses_the_command_line(arch, flags, error):
     """fairseq runs the architecture inside parse_args_and_arch: the parser itself refuses,
     before fairseq-train logs its config, builds anything or makes its save dir."""
@@ -124,7 +137,9 @@ def test_every_named_variant_builds_with_the_options_its_name_promises(name):
     model = ARCH_MODEL_REGISTRY["realformer"].build_model(args, FakeTask(DICT))
     paths, running_mean, backbone, admin_init, *value_paths = VARIANT_OPTIONS[name]
     value_paths = value_paths[0] if value_paths else NONE
-    assert model.options == options.RealformerOptions(paths, running_mean, backbone, admin_init, None, value_paths, "half")
+    assert model.options == options.RealformerOptions(
+        paths, running_mean, backbone, admin_init, None, value_paths, "half"
+    )
     # only admin-radam changes the training recipe: RAdam without warm-up
     radam = (args.optimizer, args.warmup_updates) == ("radam", 0)
     assert radam == (name == "admin-radam")
@@ -140,4 +155,5 @@ def test_variants_print_their_flags_for_shell_scripts():
     assert result.stdout.splitlines() == list(VARIANTS["realformer"])
     result = subprocess.run([sys.executable, script, "realformer-man"], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip() == (
-        f"variants.py: error: --variant: unknown realformer-man; choose from {', '.join(VARIANTS)}")
+        f"variants.py: error: --variant: unknown realformer-man; choose from {', '.join(VARIANTS)}"
+    )

@@ -1,6 +1,7 @@
 """benchmarks/quality.py's learning-rate sweep: runs that diverge are stopped and recorded where they
 diverged, each variant's best rate is chosen on validation BLEU, and its further seeds are trained
 there. The recipe is replaced by a fake one that writes what run.sh writes, so no model trains."""
+
 import json
 import textwrap
 import time
@@ -9,10 +10,15 @@ import pytest
 import torch
 
 from .cli import BENCHMARKS, load_script
-INNER = ("2026-11-24 20:36:00 | INFO | train_inner | epoch {epoch:03d}:     50 / 132 loss={loss}, nll_loss=9.9, "
-         "ppl=992.31, wps=3626.3, ups=1.05, wpb=3474.1, bsz=220.8, num_updates={updates}, lr=0.00025, gnorm=1.6")  # fmt: skip
-EPOCH = ("2026-11-24 20:37:44 | INFO | train | epoch {epoch:03d} | loss {loss} | nll_loss 10.49 | ppl 1437.7 | "
-         "wps 3003.1 | ups 0.87 | wpb 3464.6 | bsz 219.7 | num_updates {updates} | lr 0.00066 | train_wall 149 | wall 153")  # fmt: skip
+
+INNER = (
+    "2026-11-24 20:36:00 | INFO | train_inner | epoch {epoch:03d}:     50 / 132 loss={loss}, nll_loss=9.9, "
+    "ppl=992.31, wps=3626.3, ups=1.05, wpb=3474.1, bsz=220.8, num_updates={updates}, lr=0.00025, gnorm=1.6"
+)
+EPOCH = (
+    "2026-11-24 20:37:44 | INFO | train | epoch {epoch:03d} | loss {loss} | nll_loss 10.49 | ppl 1437.7 | "
+    "wps 3003.1 | ups 0.87 | wpb 3464.6 | bsz 219.7 | num_updates {updates} | lr 0.00066 | train_wall 149 | wall 153"
+)
 
 
 def _load(name):
@@ -27,18 +33,37 @@ def _log(run_dir, *lines):
 def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_first_epoch(tmp_path):
     report = _load("quality_report")
     calm = tmp_path / "calm"
-    _log(calm, INNER.format(epoch=1, loss=12.4, updates=50), EPOCH.format(epoch=1, loss=10.8, updates=132),
-         INNER.format(epoch=2, loss=10.7, updates=150), EPOCH.format(epoch=2, loss=8.1, updates=264))  # fmt: skip
+    _log(
+        calm,
+        INNER.format(epoch=1, loss=12.4, updates=50),
+        EPOCH.format(epoch=1, loss=10.8, updates=132),
+        INNER.format(epoch=2, loss=10.7, updates=150),
+        EPOCH.format(epoch=2, loss=8.1, updates=264),
+    )
     assert report.divergence(calm) is None  # epoch 1's own intervals are above its mean: that is no divergence
 
     climbed = tmp_path / "climbed"
-    _log(climbed, INNER.format(epoch=1, loss=12.4, updates=50), EPOCH.format(epoch=1, loss=10.8, updates=132),
-         INNER.format(epoch=2, loss=8.0, updates=150), INNER.format(epoch=2, loss=10.9, updates=200))  # fmt: skip
-    assert report.divergence(climbed) == {"update": 200, "epoch": 2, "loss": 10.9, "first_epoch_loss": 10.8,
-                                          "reason": "the training loss climbed back above the first epoch's"}  # fmt: skip
+    _log(
+        climbed,
+        INNER.format(epoch=1, loss=12.4, updates=50),
+        EPOCH.format(epoch=1, loss=10.8, updates=132),
+        INNER.format(epoch=2, loss=8.0, updates=150),
+        INNER.format(epoch=2, loss=10.9, updates=200),
+    )
+    assert report.divergence(climbed) == {
+        "update": 200,
+        "epoch": 2,
+        "loss": 10.9,
+        "first_epoch_loss": 10.8,
+        "reason": "the training loss climbed back above the first epoch's",
+    }
     by_epoch = tmp_path / "by-epoch"
-    _log(by_epoch, EPOCH.format(epoch=1, loss=10.8, updates=132), EPOCH.format(epoch=2, loss=9.0, updates=264),
-         EPOCH.format(epoch=3, loss=11.2, updates=396))  # fmt: skip
+    _log(
+        by_epoch,
+        EPOCH.format(epoch=1, loss=10.8, updates=132),
+        EPOCH.format(epoch=2, loss=9.0, updates=264),
+        EPOCH.format(epoch=3, loss=11.2, updates=396),
+    )
     assert report.divergence(by_epoch)["update"] == 396
     never_fell = tmp_path / "never-fell"  # a tiny run's second epoch, a little above its first: it never learnt
     _log(never_fell, EPOCH.format(epoch=1, loss=10.62, updates=4), EPOCH.format(epoch=2, loss=10.63, updates=8))
@@ -46,18 +71,31 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
 
     not_finite = tmp_path / "nan"
     _log(not_finite, INNER.format(epoch=1, loss=12.4, updates=50), INNER.format(epoch=1, loss="nan", updates=100))
-    assert report.divergence(not_finite) == {"update": 100, "epoch": 1, "loss": "nan", "reason": "the training loss is not finite"}
+    assert report.divergence(not_finite) == {
+        "update": 100,
+        "epoch": 1,
+        "loss": "nan",
+        "reason": "the training loss is not finite",
+    }
 
     crashed = tmp_path / "crashed"  # fairseq-train stops on a non-finite gradient norm before it logs the loss
-    _log(crashed, INNER.format(epoch=1, loss=12.4, updates=50), "Traceback (most recent call last):",
-         "FloatingPointError: gradients are Nan/Inf")  # fmt: skip
+    _log(
+        crashed,
+        INNER.format(epoch=1, loss=12.4, updates=50),
+        "Traceback (most recent call last):",
+        "FloatingPointError: gradients are Nan/Inf",
+    )
     assert report.divergence(crashed)["update"] == 51  # no crash.pt: one after the last update logged
     (crashed / "checkpoints").mkdir()
     torch.save({"optimizer_history": [{"num_updates": 73}]}, crashed / "checkpoints" / "crash.pt")
-    assert report.divergence(crashed) == {"update": 74, "reason": "the gradients are NaN or infinite (fairseq-train stopped)"}
+    assert report.divergence(crashed) == {
+        "update": 74,
+        "reason": "the gradients are NaN or infinite (fairseq-train stopped)",
+    }
 
 
-FAKE_RECIPE = textwrap.dedent("""\
+FAKE_RECIPE = (
+    textwrap.dedent("""\
     #!/usr/bin/env bash
     # What examples/multi30k/run.sh leaves in RUN_DIR, without training: lr 0.002 makes post-ln's best
     # validation translation and makes realformer diverge (its log climbs, then it waits to be stopped).
@@ -90,7 +128,10 @@ FAKE_RECIPE = textwrap.dedent("""\
       fi
       echo "{\\"sacrebleu\\": $bleu, \\"sacrebleu_signature\\": \\"nrefs:1\\", \\"reference\\": \\"$run/$set.de\\"}" > "$run/score/$set/scores.json"
     done
-""").replace("EPOCH", EPOCH).replace("INNER", INNER)  # fmt: skip
+""")
+    .replace("EPOCH", EPOCH)
+    .replace("INNER", INNER)
+)
 
 
 def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_best_rate(tmp_path, monkeypatch):
@@ -104,8 +145,23 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     data = tmp_path / "data"
     (data / "bin").mkdir(parents=True)
     (data / "train.en.gz").touch()
-    argv = ["--data", str(data), "--quick", "--variants", "post-ln,realformer", "--lr", "1e-3,2e-3", "--seeds", "1",
-            "--best-seeds", "2", "--jobs", "2", "--out", str(tmp_path / "q")]  # fmt: skip
+    argv = [
+        "--data",
+        str(data),
+        "--quick",
+        "--variants",
+        "post-ln,realformer",
+        "--lr",
+        "1e-3,2e-3",
+        "--seeds",
+        "1",
+        "--best-seeds",
+        "2",
+        "--jobs",
+        "2",
+        "--out",
+        str(tmp_path / "q"),
+    ]
     args = quality.parse_args(argv)
     started = time.time()
     quality.run_all(args, data, {})
@@ -125,16 +181,29 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     assert {variant: config.lr for variant, config in best.items()} == {"post-ln": 2e-3, "realformer": 1e-3}
     runs = quality.collect(args, {})
     assert [(r["label"], r["seed"], bool(r.get("diverged"))) for r in runs] == [
-        ("post-ln lr=0.001", 1, False), ("post-ln lr=0.002", 1, False), ("post-ln lr=0.002", 2, False),
-        ("realformer lr=0.001", 1, False), ("realformer lr=0.001", 2, False), ("realformer lr=0.002", 1, True)]  # fmt: skip
-    assert runs[1]["val"]["sacrebleu"] == 100.0 and runs[1]["val"]["chrf"] == pytest.approx(100.0) and runs[0]["val"]["chrf"] < 100
+        ("post-ln lr=0.001", 1, False),
+        ("post-ln lr=0.002", 1, False),
+        ("post-ln lr=0.002", 2, False),
+        ("realformer lr=0.001", 1, False),
+        ("realformer lr=0.001", 2, False),
+        ("realformer lr=0.002", 1, True),
+    ]
+    assert (
+        runs[1]["val"]["sacrebleu"] == 100.0
+        and runs[1]["val"]["chrf"] == pytest.approx(100.0)
+        and runs[0]["val"]["chrf"] < 100
+    )
 
     report = _load("quality_report")
     table = report.sweep_table(runs, args.variants, args.lrs, "what", {"post-ln": 2e-3, "realformer": 1e-3})
     assert "| realformer | 0.002 | diverged at update 200 |" in table and "| post-ln ★ | 0.002 | " in table
     study = {"settings": quality.settings(args), "runs": runs, "best": {"post-ln": 2e-3, "realformer": 1e-3}}
     assert [(r["label"], r["seed"]) for r in report.compared_runs(study)] == [
-        ("post-ln lr=0.002", 1), ("post-ln lr=0.002", 2), ("realformer lr=0.001", 1), ("realformer lr=0.001", 2)]
+        ("post-ln lr=0.002", 1),
+        ("post-ln lr=0.002", 2),
+        ("realformer lr=0.001", 1),
+        ("realformer lr=0.001", 2),
+    ]
     assert report.sweep_figure(runs, args.variants, args.lrs, tmp_path / "fig", "s", "what").stat().st_size > 10_000
 
 
@@ -143,9 +212,11 @@ def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
-    for flags, message in [(["--best-seeds", "2"], "--best-seeds: needs several --lr to choose from"),
-                           (["--lr", "1e-3,2e-3", "--best-seeds", "1,2"], "--best-seeds 1,2: the sweep's --seeds already train 1"),
-                           (["--lr", "1e-3,2e-3", "--best-seeds", "two"], "--best-seeds two: expected a comma list of integers, e.g. 2,3")]:  # fmt: skip
+    for flags, message in [
+        (["--best-seeds", "2"], "--best-seeds: needs several --lr to choose from"),
+        (["--lr", "1e-3,2e-3", "--best-seeds", "1,2"], "--best-seeds 1,2: the sweep's --seeds already train 1"),
+        (["--lr", "1e-3,2e-3", "--best-seeds", "two"], "--best-seeds two: expected a comma list of integers, e.g. 2,3"),
+    ]:
         with pytest.raises(SystemExit):
             quality.parse_args(["--data", str(data), *flags])
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
@@ -155,12 +226,17 @@ def test_fairseq_log_reads_its_stats_lines_in_both_log_formats():
     """benchmarks/fairseq_log.py, the one reader of fairseq-train's log: the same numbers from
     --log-format simple and json, json's train_/valid_ prefixes dropped, NaN kept, other lines None."""
     log = _load("fairseq_log")
-    simple = [INNER.format(epoch=2, loss="nan", updates=150), EPOCH.format(epoch=2, loss=8.1, updates=264),
-              "2026-11-24 20:37:50 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.9 | nll_loss 6.5 | "
-              "num_updates 264 | best_loss 7.9"]  # fmt: skip
-    json_format = ['2026-11-24 | INFO | train_inner | {"epoch": 2, "update": 1.136, "loss": "nan", "num_updates": "150"}',
-                   '2026-11-24 | INFO | train | {"epoch": 2, "train_loss": "8.1", "train_num_updates": "264"}',
-                   '2026-11-24 | INFO | valid | {"epoch": 2, "valid_loss": "7.9", "valid_num_updates": "264"}']  # fmt: skip
+    simple = [
+        INNER.format(epoch=2, loss="nan", updates=150),
+        EPOCH.format(epoch=2, loss=8.1, updates=264),
+        "2026-11-24 20:37:50 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.9 | nll_loss 6.5 | "
+        "num_updates 264 | best_loss 7.9",
+    ]
+    json_format = [
+        '2026-11-24 | INFO | train_inner | {"epoch": 2, "update": 1.136, "loss": "nan", "num_updates": "150"}',
+        '2026-11-24 | INFO | train | {"epoch": 2, "train_loss": "8.1", "train_num_updates": "264"}',
+        '2026-11-24 | INFO | valid | {"epoch": 2, "valid_loss": "7.9", "valid_num_updates": "264"}',
+    ]
     for lines in (simple, json_format):
         (inner_kind, inner), (epoch_kind, epoch), (valid_kind, valid) = log.records(lines)
         assert (inner_kind, epoch_kind, valid_kind) == ("train_inner", "train", "valid")

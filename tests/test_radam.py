@@ -1,5 +1,6 @@
 """``--optimizer radam``: torch's RAdam under fairseq's optimizer interface, Adam's flags, fairseq's
 half-precision wrapper, and exact resumption from its state."""
+
 import copy
 
 import pytest
@@ -11,13 +12,25 @@ import fairseq_realformer  # noqa: F401  (registers radam)
 
 from .helpers import USER_DIR
 
-FLAGS = ["--optimizer", "radam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.01",
-         "--lr", "3e-3"]  # fmt: skip
+FLAGS = [
+    "--optimizer",
+    "radam",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--adam-eps",
+    "1e-6",
+    "--weight-decay",
+    "0.01",
+    "--lr",
+    "3e-3",
+]
 
 
 def config(*extra):
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["/no/data", "--arch", "transformer", "--user-dir", USER_DIR, *FLAGS, *extra])
+    args = options.parse_args_and_arch(
+        parser, ["/no/data", "--arch", "transformer", "--user-dir", USER_DIR, *FLAGS, *extra]
+    )
     return convert_namespace_to_omegaconf(args)
 
 
@@ -32,7 +45,9 @@ def gradients(step, params):
 
 
 def torch_radam(params):
-    return torch.optim.RAdam(params, lr=3e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, decoupled_weight_decay=True)
+    return torch.optim.RAdam(
+        params, lr=3e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, decoupled_weight_decay=True
+    )
 
 
 def test_radam_takes_adams_flags_and_updates_as_torch_radam():
@@ -88,7 +103,11 @@ def test_radam_under_fairseqs_half_precision_wrapper_updates_float32_master_weig
         reference.step()
     fp32 = wrapper.fp32_params  # a flat tensor per device, or one tensor per parameter
     fp32 = list(fp32.values()) if isinstance(fp32, dict) else fp32 if isinstance(fp32, list) else [fp32]
-    torch.testing.assert_close(torch.cat([t.detach().flatten() for t in fp32]),
-                               torch.cat([q.detach().flatten() for q in master]), rtol=0, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        torch.cat([t.detach().flatten() for t in fp32]),
+        torch.cat([q.detach().flatten() for q in master]),
+        rtol=0,
+        atol=1e-6,
+    )
     for p, q in zip(half, master):  # the half weights are the master weights, rounded
         assert torch.equal(p, q.detach().to(dtype))

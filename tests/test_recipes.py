@@ -1,4 +1,5 @@
 """The recipes as a user runs them: checkpoint averaging, scoring, the quickstart and Multi30k."""
+
 import ast
 import gzip
 import json
@@ -32,30 +33,52 @@ def save_checkpoint(path, seed, arch="realformer_iwslt_de_en", flags=(), dtype=t
     """A checkpoint laid out as fairseq's trainer saves one (argparse model config, model state,
     optimizer history, extra state), holding a tiny model drawn from *seed*."""
     args = parse_args(arch, *flags)
-    params = {k: (v.to(dtype) if v.is_floating_point() else v)
-              for k, v in build_model(arch, *flags, seed=seed).state_dict().items()}  # fmt: skip
-    torch.save({
-        "args": None,
-        "cfg": {"_name": None, "model": args, "task": {"_name": "translation", "data": "/no/data"}},
-        "model": params,
-        "criterion": None,
-        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
-                               "optimizer_name": "FairseqAdam", "lr_scheduler_state": {"best": 3.0},
-                               "num_updates": 10 * epoch}],
-        "task_state": {},
-        "extra_state": {"train_iterator": {"epoch": epoch}, "previous_training_time": 1.5},
-        "last_optimizer_state": {"state": {}, "param_groups": [{"lr": 1e-3}]},
-    }, path)  # fmt: skip
+    params = {
+        k: (v.to(dtype) if v.is_floating_point() else v)
+        for k, v in build_model(arch, *flags, seed=seed).state_dict().items()
+    }
+    torch.save(
+        {
+            "args": None,
+            "cfg": {"_name": None, "model": args, "task": {"_name": "translation", "data": "/no/data"}},
+            "model": params,
+            "criterion": None,
+            "optimizer_history": [
+                {
+                    "criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                    "optimizer_name": "FairseqAdam",
+                    "lr_scheduler_state": {"best": 3.0},
+                    "num_updates": 10 * epoch,
+                }
+            ],
+            "task_state": {},
+            "extra_state": {"train_iterator": {"epoch": epoch}, "previous_training_time": 1.5},
+            "last_optimizer_state": {"state": {}, "param_groups": [{"lr": 1e-3}]},
+        },
+        path,
+    )
     return params
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_average_is_the_elementwise_mean_of_the_last_epochs(tmp_path, dtype):
-    params = {e: save_checkpoint(tmp_path / f"checkpoint{e}.pt", seed=e, dtype=dtype, epoch=e) for e in (1, 2, 3, 4, 10)}
+    params = {
+        e: save_checkpoint(tmp_path / f"checkpoint{e}.pt", seed=e, dtype=dtype, epoch=e) for e in (1, 2, 3, 4, 10)
+    }
     out = tmp_path / "avg.pt"
     # --checkpoint-upper-bound 4: epoch 10 is left out, so the last 3 are epochs 2, 3, 4
-    average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "3",
-                              "--checkpoint-upper-bound", "4", "--output", str(out)])  # fmt: skip
+    average_checkpoints.main(
+        [
+            "--inputs",
+            str(tmp_path),
+            "--num-epoch-checkpoints",
+            "3",
+            "--checkpoint-upper-bound",
+            "4",
+            "--output",
+            str(out),
+        ]
+    )
     averaged = load_checkpoint(out)
     assert averaged["model"].keys() == params[4].keys()
     tolerance = {torch.float32: 1e-6, torch.float16: 1e-3}[dtype]
@@ -71,9 +94,18 @@ def test_average_of_update_checkpoints_and_explicit_files(tmp_path):
     a = save_checkpoint(tmp_path / "checkpoint_1_100.pt", seed=1)
     b = save_checkpoint(tmp_path / "checkpoint_2_200.pt", seed=2)
     save_checkpoint(tmp_path / "checkpoint_1_50.pt", seed=3)
-    average_checkpoints.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(tmp_path / "u.pt")])
-    average_checkpoints.main(["--inputs", str(tmp_path / "checkpoint_1_100.pt"), str(tmp_path / "checkpoint_2_200.pt"),
-                              "--output", str(tmp_path / "f.pt")])  # fmt: skip
+    average_checkpoints.main(
+        ["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(tmp_path / "u.pt")]
+    )
+    average_checkpoints.main(
+        [
+            "--inputs",
+            str(tmp_path / "checkpoint_1_100.pt"),
+            str(tmp_path / "checkpoint_2_200.pt"),
+            "--output",
+            str(tmp_path / "f.pt"),
+        ]
+    )
     for out in ("u.pt", "f.pt"):
         averaged = load_checkpoint(tmp_path / out)["model"]
         for name in a:
@@ -81,14 +113,20 @@ def test_average_of_update_checkpoints_and_explicit_files(tmp_path):
 
 
 MISMATCHES = {
-    "shape": (dict(flags=("--encoder-ffn-embed-dim", "48")),
-              r"encoder\.layers\.0\.fc1\.weight has shape \(32, 16\) in the first, \(48, 16\) in the second"),
+    "shape": (
+        dict(flags=("--encoder-ffn-embed-dim", "48")),
+        r"encoder\.layers\.0\.fc1\.weight has shape \(32, 16\) in the first, \(48, 16\) in the second",
+    ),
     "keys": (dict(flags=("--encoder-layers", "2")), r"parameters only in the first: \['encoder\.layers\.2\."),
-    "arch": (dict(arch="admin_iwslt_de_en"),
-             r"arch is 'realformer_iwslt_de_en' in the first, 'admin_iwslt_de_en' in the second"),
-    "flag": (dict(flags=("--residual-attention-mode", "sum")),
-             r"residual_attention_mode is 'mean' in the first, 'sum' in the second"),
-}  # fmt: skip
+    "arch": (
+        dict(arch="admin_iwslt_de_en"),
+        r"arch is 'realformer_iwslt_de_en' in the first, 'admin_iwslt_de_en' in the second",
+    ),
+    "flag": (
+        dict(flags=("--residual-attention-mode", "sum")),
+        r"residual_attention_mode is 'mean' in the first, 'sum' in the second",
+    ),
+}
 
 
 @pytest.mark.parametrize("mismatch", MISMATCHES)
@@ -96,9 +134,18 @@ def test_average_refuses_checkpoints_of_different_models(tmp_path, capsys, misma
     other, expected = MISMATCHES[mismatch]
     save_checkpoint(tmp_path / "a.pt", seed=1)
     save_checkpoint(tmp_path / "b.pt", seed=2, **other)
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "a.pt", tmp_path / "b.pt",
-                      "--output", tmp_path / "avg.pt")  # fmt: skip
-    assert error.startswith(f"average_checkpoints.py: error: {tmp_path / 'a.pt'} and {tmp_path / 'b.pt'} are checkpoints of different models")
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        tmp_path / "a.pt",
+        tmp_path / "b.pt",
+        "--output",
+        tmp_path / "avg.pt",
+    )
+    assert error.startswith(
+        f"average_checkpoints.py: error: {tmp_path / 'a.pt'} and {tmp_path / 'b.pt'} are checkpoints of different models"
+    )
     assert re.search(expected, error), error
     assert not (tmp_path / "avg.pt").exists() and not list(tmp_path.glob(".average_checkpoints.*"))
 
@@ -106,8 +153,15 @@ def test_average_refuses_checkpoints_of_different_models(tmp_path, capsys, misma
 def test_average_command_line_error_is_one_line(tmp_path):
     save_checkpoint(tmp_path / "a.pt", seed=1)
     save_checkpoint(tmp_path / "b.pt", seed=2, arch="admin_iwslt_de_en")
-    result = run(SCRIPTS / "average_checkpoints.py", "--inputs", tmp_path / "a.pt",
-                        tmp_path / "b.pt", "--output", tmp_path / "avg.pt", check=False)  # fmt: skip
+    result = run(
+        SCRIPTS / "average_checkpoints.py",
+        "--inputs",
+        tmp_path / "a.pt",
+        tmp_path / "b.pt",
+        "--output",
+        tmp_path / "avg.pt",
+        check=False,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("average_checkpoints.py: error: ")
 
@@ -116,60 +170,145 @@ def test_average_never_overwrites_an_input(tmp_path, capsys):
     for e in (1, 2):
         save_checkpoint(tmp_path / f"checkpoint{e}.pt", seed=e)
     before = (tmp_path / "checkpoint2.pt").read_bytes()
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path, "--num-epoch-checkpoints", "2",
-                      "--output", tmp_path / "checkpoint2.pt", "--force")  # fmt: skip
-    assert error == f"average_checkpoints.py: error: --output {tmp_path / 'checkpoint2.pt'} is one of the inputs; choose another file"
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        tmp_path,
+        "--num-epoch-checkpoints",
+        "2",
+        "--output",
+        tmp_path / "checkpoint2.pt",
+        "--force",
+    )
+    assert (
+        error
+        == f"average_checkpoints.py: error: --output {tmp_path / 'checkpoint2.pt'} is one of the inputs; choose another file"
+    )
     assert (tmp_path / "checkpoint2.pt").read_bytes() == before
 
     (tmp_path / "avg.pt").write_bytes(b"precious")
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path, "--num-epoch-checkpoints", "2",
-                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        tmp_path,
+        "--num-epoch-checkpoints",
+        "2",
+        "--output",
+        tmp_path / "avg.pt",
+    )
     assert error.endswith("exists; add --force to replace it")
     assert (tmp_path / "avg.pt").read_bytes() == b"precious"
-    average_checkpoints.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "2", "--output", str(tmp_path / "avg.pt"), "--force"])
+    average_checkpoints.main(
+        ["--inputs", str(tmp_path), "--num-epoch-checkpoints", "2", "--output", str(tmp_path / "avg.pt"), "--force"]
+    )
     assert "model" in load_checkpoint(tmp_path / "avg.pt")
 
 
 def test_average_names_the_missing_file_or_flag(tmp_path, capsys):
     save_checkpoint(tmp_path / "checkpoint1.pt", seed=1)
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "nope.pt",
-                      "--output", tmp_path / "avg.pt")  # fmt: skip
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        tmp_path / "checkpoint1.pt",
+        tmp_path / "nope.pt",
+        "--output",
+        tmp_path / "avg.pt",
+    )
     assert error == f"average_checkpoints.py: error: --inputs {tmp_path / 'nope.pt'}: no such file"
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path, "--num-epoch-checkpoints", "2",
-                      "--output", tmp_path / "avg.pt")  # fmt: skip
-    assert error == (f"average_checkpoints.py: error: --num-epoch-checkpoints 2: {tmp_path} holds only 1 epoch "
-                     f"checkpoints (checkpointE.pt)")  # fmt: skip
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        tmp_path,
+        "--num-epoch-checkpoints",
+        "2",
+        "--output",
+        tmp_path / "avg.pt",
+    )
+    assert error == (
+        f"average_checkpoints.py: error: --num-epoch-checkpoints 2: {tmp_path} holds only 1 epoch "
+        f"checkpoints (checkpointE.pt)"
+    )
     updates = tmp_path / "updates"  # what --save-interval-updates 50 --no-epoch-checkpoints leaves
     updates.mkdir()
     for update in (50, 100, 150):
         save_checkpoint(updates / f"checkpoint_1_{update}.pt", seed=update)
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", updates, "--num-epoch-checkpoints", "25",
-                      "--output", tmp_path / "avg.pt")  # fmt: skip
-    assert error == (f"average_checkpoints.py: error: --num-epoch-checkpoints 25: {updates} holds 0 epoch checkpoints "
-                     f"(checkpointE.pt) but 3 update checkpoints (checkpoint_E_U.pt): use --num-update-checkpoints")  # fmt: skip
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", updates, "--num-update-checkpoints", "2",
-                      "--checkpoint-upper-bound", "40", "--output", tmp_path / "avg.pt")  # fmt: skip
-    assert error == (f"average_checkpoints.py: error: --num-update-checkpoints 2: {updates} holds only 0 update "
-                     f"checkpoints (checkpoint_E_U.pt) numbered <= --checkpoint-upper-bound 40")  # fmt: skip
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        updates,
+        "--num-epoch-checkpoints",
+        "25",
+        "--output",
+        tmp_path / "avg.pt",
+    )
+    assert error == (
+        f"average_checkpoints.py: error: --num-epoch-checkpoints 25: {updates} holds 0 epoch checkpoints "
+        f"(checkpointE.pt) but 3 update checkpoints (checkpoint_E_U.pt): use --num-update-checkpoints"
+    )
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        updates,
+        "--num-update-checkpoints",
+        "2",
+        "--checkpoint-upper-bound",
+        "40",
+        "--output",
+        tmp_path / "avg.pt",
+    )
+    assert error == (
+        f"average_checkpoints.py: error: --num-update-checkpoints 2: {updates} holds only 0 update "
+        f"checkpoints (checkpoint_E_U.pt) numbered <= --checkpoint-upper-bound 40"
+    )
     (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
-    error = cli_error(capsys, average_checkpoints.main, "--inputs", tmp_path / "checkpoint1.pt", tmp_path / "broken.pt",
-                      "--output", tmp_path / "avg.pt")  # fmt: skip
-    assert error.startswith(f"average_checkpoints.py: error: {tmp_path / 'broken.pt'} is not a readable torch checkpoint")
+    error = cli_error(
+        capsys,
+        average_checkpoints.main,
+        "--inputs",
+        tmp_path / "checkpoint1.pt",
+        tmp_path / "broken.pt",
+        "--output",
+        tmp_path / "avg.pt",
+    )
+    assert error.startswith(
+        f"average_checkpoints.py: error: {tmp_path / 'broken.pt'} is not a readable torch checkpoint"
+    )
 
 
 # --- score.py -------------------------------------------------------------------------------------
 
-HYPOTHESES = ["Ein Computer-Spiel, das \"gut\" ist.", "Zwei Männer spielen Fußball im Park.",
-              "Die Frau-Mann-Gruppe sitzt beim A-B-C-Test.", "Ein Hund läuft durch den Schnee!"]  # fmt: skip
-REFERENCES = ["Ein Computer-Spiel ist gut.", "Zwei Männer spielen im Park Fußball.",
-              "Die Frau-Mann-Gruppe sitzt draußen.", "Ein schwarzer Hund rennt durch den Schnee."]  # fmt: skip
+HYPOTHESES = [
+    'Ein Computer-Spiel, das "gut" ist.',
+    "Zwei Männer spielen Fußball im Park.",
+    "Die Frau-Mann-Gruppe sitzt beim A-B-C-Test.",
+    "Ein Hund läuft durch den Schnee!",
+]
+REFERENCES = [
+    "Ein Computer-Spiel ist gut.",
+    "Zwei Männer spielen im Park Fußball.",
+    "Die Frau-Mann-Gruppe sitzt draußen.",
+    "Ein schwarzer Hund rennt durch den Schnee.",
+]
 # the same, compound-split as fairseq's perl one-liner splits them (its output, pasted): matches
 # do not overlap, so "A-B-C-Test" keeps "B-C"
-SPLIT_HYPOTHESES = ["Ein Computer ##AT##-##AT## Spiel, das \"gut\" ist.", HYPOTHESES[1],
-                    "Die Frau ##AT##-##AT## Mann ##AT##-##AT## Gruppe sitzt beim A ##AT##-##AT## B-C ##AT##-##AT## Test.",
-                    HYPOTHESES[3]]  # fmt: skip
-SPLIT_REFERENCES = ["Ein Computer ##AT##-##AT## Spiel ist gut.", REFERENCES[1],
-                    "Die Frau ##AT##-##AT## Mann ##AT##-##AT## Gruppe sitzt draußen.", REFERENCES[3]]  # fmt: skip
+SPLIT_HYPOTHESES = [
+    'Ein Computer ##AT##-##AT## Spiel, das "gut" ist.',
+    HYPOTHESES[1],
+    "Die Frau ##AT##-##AT## Mann ##AT##-##AT## Gruppe sitzt beim A ##AT##-##AT## B-C ##AT##-##AT## Test.",
+    HYPOTHESES[3],
+]
+SPLIT_REFERENCES = [
+    "Ein Computer ##AT##-##AT## Spiel ist gut.",
+    REFERENCES[1],
+    "Die Frau ##AT##-##AT## Mann ##AT##-##AT## Gruppe sitzt draußen.",
+    REFERENCES[3],
+]
 
 
 def reported(stdout, label):
@@ -186,25 +325,52 @@ def write(path, lines):
 
 def test_score_matches_sacrebleu_on_known_hypotheses(tmp_path, capsys):
     hyp, ref = write(tmp_path / "hyp.de", HYPOTHESES), write(tmp_path / "ref.de", REFERENCES)
-    score.main(["--hypotheses", str(hyp), "--reference", str(ref), "--source-lang", "en", "--target-lang", "de",
-                "--detok", "none", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    score.main(
+        [
+            "--hypotheses",
+            str(hyp),
+            "--reference",
+            str(ref),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--detok",
+            "none",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     stdout = capsys.readouterr().out
     expected = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES])
-    assert reported(stdout, "sacreBLEU") == (round(expected.score, 2), "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__)
+    assert reported(stdout, "sacreBLEU") == (
+        round(expected.score, 2),
+        "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__,
+    )
     expected_split = sacrebleu.corpus_bleu(SPLIT_HYPOTHESES, [SPLIT_REFERENCES], tokenize="none")
     assert reported(stdout, "compound-split BLEU")[0] == round(expected_split.score, 2)
     assert "tok:none" in reported(stdout, "compound-split BLEU")[1]
     saved = json.loads((tmp_path / "out" / "scores.json").read_text())
-    assert saved["sacrebleu"] == pytest.approx(expected.score) and saved["compound_split_bleu"] == pytest.approx(expected_split.score)
+    assert saved["sacrebleu"] == pytest.approx(expected.score) and saved["compound_split_bleu"] == pytest.approx(
+        expected_split.score
+    )
 
 
 @pytest.mark.parametrize("bpe", ["subword_nmt", "sentencepiece"])
 def test_score_restores_order_removes_bpe_and_detokenizes(tmp_path, capsys, bpe):
     """A fairseq-generate output in batch order, with BPE and Moses tokenization."""
-    tokenized_h = ["Ein Computer-Spiel , das &quot; gut &quot; ist .", "Zwei Männer spielen Fußball im Park .",
-                   "Die Frau-Mann-Gruppe sitzt .", "Ein Hund läuft durch den Schnee !"]  # fmt: skip
-    tokenized_r = ["Ein Computer-Spiel ist gut .", "Zwei Männer spielen im Park Fußball .",
-                   "Die Frau-Mann-Gruppe sitzt draußen .", "Ein schwarzer Hund rennt durch den Schnee ."]  # fmt: skip
+    tokenized_h = [
+        "Ein Computer-Spiel , das &quot; gut &quot; ist .",
+        "Zwei Männer spielen Fußball im Park .",
+        "Die Frau-Mann-Gruppe sitzt .",
+        "Ein Hund läuft durch den Schnee !",
+    ]
+    tokenized_r = [
+        "Ein Computer-Spiel ist gut .",
+        "Zwei Männer spielen im Park Fußball .",
+        "Die Frau-Mann-Gruppe sitzt draußen .",
+        "Ein schwarzer Hund rennt durch den Schnee .",
+    ]
 
     def encode(line):  # a plausible segmentation of each word
         if bpe == "subword_nmt":
@@ -213,20 +379,43 @@ def test_score_restores_order_removes_bpe_and_detokenizes(tmp_path, capsys, bpe)
 
     lines = ["2026-01-01 | INFO | fairseq_cli.generate | loading model"]
     for i in (2, 0, 3, 1):  # fairseq-generate prints by batch, not in corpus order
-        lines += [f"S-{i}\tsource {i}", f"T-{i}\t{encode(tokenized_r[i])}",
-                  f"H-{i}\t-0.25\t{encode(tokenized_h[i])}", f"D-{i}\t-0.25\tignored", f"P-{i}\t-0.1 -0.2"]  # fmt: skip
+        lines += [
+            f"S-{i}\tsource {i}",
+            f"T-{i}\t{encode(tokenized_r[i])}",
+            f"H-{i}\t-0.25\t{encode(tokenized_h[i])}",
+            f"D-{i}\t-0.25\tignored",
+            f"P-{i}\t-0.1 -0.2",
+        ]
         if i == 0:  # --nbest 2: the first H line of a sentence is its best hypothesis
             lines.append(f"H-{i}\t-0.5\tworse")
     lines.append("Generate test with beam=4: BLEU4 = 1.00")
     gen, ref = write(tmp_path / "generate-test.txt", lines), write(tmp_path / "ref.de", REFERENCES)
-    score.main(["--generate-output", str(gen), "--reference", str(ref), "--source-lang", "en", "--target-lang", "de",
-                "--bpe", bpe, "--detok", "moses", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    score.main(
+        [
+            "--generate-output",
+            str(gen),
+            "--reference",
+            str(ref),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--bpe",
+            bpe,
+            "--detok",
+            "moses",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     stdout = capsys.readouterr().out
     out = tmp_path / "out"
     assert (out / "test.hyp.tok.de").read_text(encoding="utf-8").splitlines() == tokenized_h
     assert (out / "test.ref.tok.de").read_text(encoding="utf-8").splitlines() == tokenized_r
     assert (out / "test.hyp.de").read_text(encoding="utf-8").splitlines()[:2] == [
-        'Ein Computer-Spiel, das "gut" ist.', "Zwei Männer spielen Fußball im Park."]  # fmt: skip
+        'Ein Computer-Spiel, das "gut" ist.',
+        "Zwei Männer spielen Fußball im Park.",
+    ]
     split = [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", s) for s in tokenized_h + tokenized_r]
     expected_split = sacrebleu.corpus_bleu(split[:4], [split[4:]], tokenize="none")
     assert reported(stdout, "compound-split BLEU")[0] == round(expected_split.score, 2)
@@ -236,8 +425,9 @@ def test_score_restores_order_removes_bpe_and_detokenizes(tmp_path, capsys, bpe)
 
 def test_score_refuses_a_reference_of_another_length(tmp_path, capsys):
     hyp, ref = write(tmp_path / "hyp.de", HYPOTHESES), write(tmp_path / "ref.de", REFERENCES[:3])
-    error = cli_error(capsys, score.main, "--hypotheses", hyp, "--reference", ref, "--source-lang", "en",
-                      "--target-lang", "de")  # fmt: skip
+    error = cli_error(
+        capsys, score.main, "--hypotheses", hyp, "--reference", ref, "--source-lang", "en", "--target-lang", "de"
+    )
     assert error == f"score.py: error: {hyp} has 4 hypotheses, --reference {ref} has 3 lines"
 
 
@@ -247,8 +437,23 @@ COMPAT_DATA, COMPAT_CHECKPOINT = FIXTURES / "bin", FIXTURES / "ckpt-pre-ln" / "c
 def score_argv(tmp_path, reference_lines, *extra):
     """score.py translating the toy test split (N_TEST sentences) with a real checkpoint."""
     reference = write(tmp_path / "ref.tgt", ["t1 t2"] * reference_lines)
-    return ["--data", COMPAT_DATA, "--checkpoint", COMPAT_CHECKPOINT, "--source-lang", "src", "--target-lang", "tgt",
-            "--reference", reference, "--bpe", "none", "--detok", "none", *extra]  # fmt: skip
+    return [
+        "--data",
+        COMPAT_DATA,
+        "--checkpoint",
+        COMPAT_CHECKPOINT,
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--reference",
+        reference,
+        "--bpe",
+        "none",
+        "--detok",
+        "none",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -262,8 +467,10 @@ def never_translate(monkeypatch):
 def test_score_checks_the_reference_against_the_split_before_translating(tmp_path, capsys, never_translate):
     out = tmp_path / "out" / "score"
     error = cli_error(capsys, score.main, *score_argv(tmp_path, N_TEST - 1, "--output-dir", out))
-    assert error == (f"score.py: error: --reference {tmp_path / 'ref.tgt'} has {N_TEST - 1} lines, but the test split "
-                     f"of --data {COMPAT_DATA} has {N_TEST} sentences")  # fmt: skip
+    assert error == (
+        f"score.py: error: --reference {tmp_path / 'ref.tgt'} has {N_TEST - 1} lines, but the test split "
+        f"of --data {COMPAT_DATA} has {N_TEST} sentences"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -316,8 +523,17 @@ def test_quickstart_prints_a_line_a_step_the_training_progress_and_where_everyth
     steps, the train loss every 25 updates, the validation losses, the score and the layout."""
     run_dir, stdout, stderr = quickstart
     assert stderr == ""
-    steps = re.findall(rf"^\[quickstart [\d:]+\] (\d)/6 [^\n]* -> {re.escape(str(run_dir))}/logs/(\w+)\.log$", stdout, re.M)
-    assert steps == [("1", "setup"), ("2", "corpus"), ("3", "binarize"), ("4", "train"), ("5", "average"), ("6", "score")]
+    steps = re.findall(
+        rf"^\[quickstart [\d:]+\] (\d)/6 [^\n]* -> {re.escape(str(run_dir))}/logs/(\w+)\.log$", stdout, re.M
+    )
+    assert steps == [
+        ("1", "setup"),
+        ("2", "corpus"),
+        ("3", "binarize"),
+        ("4", "train"),
+        ("5", "average"),
+        ("6", "score"),
+    ]
     for _, log in steps:
         assert (run_dir / "logs" / f"{log}.log").stat().st_size > 0, log
     train = re.findall(r"^    update +(\d+)/500  train loss +([\d.]+)  \(\d+ s\)$", stdout, re.M)
@@ -386,7 +602,9 @@ def test_analysis_example_runs_on_the_quickstart_output(quickstart):
     """docs/analysis.md's command on the quickstart's model, with the --ci run's folder: the
     summary table of every path and layer, 12 figures and the JSON medians."""
     run_dir, _, _ = quickstart
-    command = doc_block("docs/analysis.md", "bash", "--labels RealFormer --out").replace("runs/quickstart", str(run_dir))
+    command = doc_block("docs/analysis.md", "bash", "--labels RealFormer --out").replace(
+        "runs/quickstart", str(run_dir)
+    )
     program, *args = shlex.split(command.replace("\\\n", " "))
     stdout = run(program, *args).stdout
     assert re.search(rf"^RealFormer: \d+ sentences of 'valid' in {re.escape(str(run_dir))}/bin$", stdout, re.M), stdout
@@ -403,12 +621,34 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     mid-way it resumes where it stopped; it reports mean ± std over seeds, paired bootstrap
     comparisons, the JSON with re-scorable translations, and the figures."""
     data_before = sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir())
-    test_sets = sorted(p.name[: -len(".de.gz")] for p in MULTI30K.glob("test_*.de.gz")
-                       if (MULTI30K / p.name.replace(".de.gz", ".en.gz")).exists())  # fmt: skip
+    test_sets = sorted(
+        p.name[: -len(".de.gz")]
+        for p in MULTI30K.glob("test_*.de.gz")
+        if (MULTI30K / p.name.replace(".de.gz", ".en.gz")).exists()
+    )
     out, json_path = tmp_path / "quality", tmp_path / "results" / "quality.json"
-    argv = [Path(REPO) / "benchmarks" / "quality.py", "--data", MULTI30K, "--quick", "--variants", "realformer,admin",
-            "--seeds", "1,2", "--jobs", "2", "--source-lang", "de", "--target-lang", "en",
-            "--out", out, "--json", json_path, "--figures", tmp_path / "figures"]  # fmt: skip
+    argv = [
+        Path(REPO) / "benchmarks" / "quality.py",
+        "--data",
+        MULTI30K,
+        "--quick",
+        "--variants",
+        "realformer,admin",
+        "--seeds",
+        "1,2",
+        "--jobs",
+        "2",
+        "--source-lang",
+        "de",
+        "--target-lang",
+        "en",
+        "--out",
+        out,
+        "--json",
+        json_path,
+        "--figures",
+        tmp_path / "figures",
+    ]
 
     # stopped as soon as one training has saved an epoch checkpoint, then run again: it resumes
     study = popen(*argv, cwd=REPO)
@@ -441,36 +681,53 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
         assert len((recipe / "score" / name / f"test{i or ''}.hyp.en").read_text().splitlines()) == len(english)
 
     result = json.loads(json_path.read_text())
-    assert [(r["variant"], r["seed"]) for r in result["runs"]] == [("realformer", 1), ("realformer", 2), ("admin", 1), ("admin", 2)]
+    assert [(r["variant"], r["seed"]) for r in result["runs"]] == [
+        ("realformer", 1),
+        ("realformer", 2),
+        ("admin", 1),
+        ("admin", 2),
+    ]
     for r in result["runs"]:
         assert list(r["test_sets"]) == test_sets and r["updates"] > 0 and r["wall_s"] > 0 and r["tokens_per_s"] > 0
         assert len(r["valid_curve"]) == 2 and r["best_valid_loss"] == min(loss for _, loss in r["valid_curve"])
         assert r["val"]["signature"].startswith("nrefs:1|case:mixed")  # the validation set is scored too
         for name, score_ in {**r["test_sets"], "val": r["val"]}.items():
             assert score_["signature"].startswith("nrefs:1|case:mixed") and "case:lc" in score_["bleu_lc_signature"]
-            with gzip.open(Path(REPO) / score_["translations"] if not Path(score_["translations"]).is_absolute()
-                           else score_["translations"], "rt", encoding="utf-8") as f:  # fmt: skip
+            with gzip.open(
+                Path(REPO) / score_["translations"]
+                if not Path(score_["translations"]).is_absolute()
+                else score_["translations"],
+                "rt",
+                encoding="utf-8",
+            ) as f:
                 hypotheses = f.read().splitlines()
-            reference = (out / r["variant"] / f"seed{r['seed']}" / f"{name}.en").read_text(encoding="utf-8").splitlines()
+            reference = (
+                (out / r["variant"] / f"seed{r['seed']}" / f"{name}.en").read_text(encoding="utf-8").splitlines()
+            )
             assert sacrebleu.corpus_bleu(hypotheses, [reference]).score == pytest.approx(score_["sacrebleu"])
             assert sacrebleu.corpus_chrf(hypotheses, [reference]).score == pytest.approx(score_["chrf"])
     assert {(c["a"], c["b"], c["seed"], c["test_set"]) for c in result["comparisons"]} == {
-        ("realformer", "admin", seed, name) for seed in (1, 2) for name in test_sets}
+        ("realformer", "admin", seed, name) for seed in (1, 2) for name in test_sets
+    }
     assert all(0 < c["p_value"] <= 1 for c in result["comparisons"])
     assert [(c["a"], c["b"], c["test_set"], c["splits"]) for c in result["seed_comparisons"]] == [
-        ("realformer", "admin", name, 6) for name in test_sets]
+        ("realformer", "admin", name, 6) for name in test_sets
+    ]
     assert "Across seeds: difference of the sacreBLEU means" in stdout
     assert result["summary"]["admin"]["seeds"] == [1, 2]
     assert f"| realformer | 1,2 | {result['summary']['realformer'][test_sets[0]]['sacrebleu']['mean']:.2f} ± " in stdout
     assert "Multi30k de→en" in stdout and "| realformer | admin | " in stdout
-    assert all((tmp_path / "figures" / f"quality.{kind}.png").stat().st_size > 10_000 for kind in ("valid-loss", "bleu"))
+    assert all(
+        (tmp_path / "figures" / f"quality.{kind}.png").stat().st_size > 10_000 for kind in ("valid-loss", "bleu")
+    )
 
     again = run(*argv[:-2]).stdout  # everything finished: nothing is trained again
     assert "start " not in again and "| admin | 1,2 |" in again
     shutil.rmtree(out)  # a fresh checkout: the committed JSON and translations only
     fresh = run(*argv[:-2]).stdout
-    assert "start " not in fresh and [line for line in fresh.splitlines() if line.startswith("| ")] == \
-        [line for line in stdout.splitlines() if line.startswith("| ")]  # fmt: skip
+    assert "start " not in fresh and [line for line in fresh.splitlines() if line.startswith("| ")] == [
+        line for line in stdout.splitlines() if line.startswith("| ")
+    ]
     assert sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir()) == data_before  # read in place
 
 
@@ -481,10 +738,28 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
-    args = quality.parse_args(["--data", str(data), "--preset", "cpu", "--variants", "post-ln,admin", "--lr", "1e-3,2e-3",
-                               "--epochs", "10", "--out", str(tmp_path / "q")])  # fmt: skip
-    assert [(c.label, c.lr) for c in args.configs] == [("post-ln lr=0.001", 1e-3), ("post-ln lr=0.002", 2e-3),
-                                                       ("admin lr=0.001", 1e-3), ("admin lr=0.002", 2e-3)]  # fmt: skip
+    args = quality.parse_args(
+        [
+            "--data",
+            str(data),
+            "--preset",
+            "cpu",
+            "--variants",
+            "post-ln,admin",
+            "--lr",
+            "1e-3,2e-3",
+            "--epochs",
+            "10",
+            "--out",
+            str(tmp_path / "q"),
+        ]
+    )
+    assert [(c.label, c.lr) for c in args.configs] == [
+        ("post-ln lr=0.001", 1e-3),
+        ("post-ln lr=0.002", 2e-3),
+        ("admin lr=0.001", 1e-3),
+        ("admin lr=0.002", 2e-3),
+    ]
     assert quality.run_folder(args, args.configs[1], 3) == tmp_path / "q" / "post-ln-lr0.002-epochs10" / "seed3"
     assert args.sweep and args.warmup == quality.PRESETS["cpu"].warmup and args.layers == 4
     (tmp_path / "updates_per_epoch").write_text("7\n")  # what quality.py counted on the data, cached
@@ -499,7 +774,12 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     assert quality.settings(bf16)["bf16"] and "bf16" not in quality.settings(single)  # a float32 study's runs
     with pytest.raises(SystemExit):
         quality.parse_args(["--data", str(data), "--lr", "1e-3,fast"])
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--lr 1e-3,fast: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith("--lr 1e-3,fast: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
+    )
 
 
 def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_second_epochs(tmp_path):
@@ -508,14 +788,21 @@ def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_s
     report = _quality_report()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    line = ("2026-11-24 05:05:39 | INFO | {split} | epoch {epoch:03d} | loss {loss} | wps {wps} | wpb {wpb} | "
-            "num_updates {updates} | train_wall 0 | wall 1")
-    (run_dir / "train.log").write_text("\n".join([
-        line.format(split="train", epoch=1, loss=9.0, wps=1000.0, wpb=100.0, updates=10),  # 1,000 tokens in 1 s
-        line.format(split="valid", epoch=1, loss=8.5, wps=5000.0, wpb=50.0, updates=10),
-        line.format(split="train", epoch=2, loss=8.0, wps=500.0, wpb=100.0, updates=20),  # 1,000 tokens in 2 s
-        line.format(split="valid", epoch=2, loss=7.5, wps=5000.0, wpb=50.0, updates=20),
-    ]) + "\n")
+    line = (
+        "2026-11-24 05:05:39 | INFO | {split} | epoch {epoch:03d} | loss {loss} | wps {wps} | wpb {wpb} | "
+        "num_updates {updates} | train_wall 0 | wall 1"
+    )
+    (run_dir / "train.log").write_text(
+        "\n".join(
+            [
+                line.format(split="train", epoch=1, loss=9.0, wps=1000.0, wpb=100.0, updates=10),  # 1,000 tokens in 1 s
+                line.format(split="valid", epoch=1, loss=8.5, wps=5000.0, wpb=50.0, updates=10),
+                line.format(split="train", epoch=2, loss=8.0, wps=500.0, wpb=100.0, updates=20),  # 1,000 tokens in 2 s
+                line.format(split="valid", epoch=2, loss=7.5, wps=5000.0, wpb=50.0, updates=20),
+            ]
+        )
+        + "\n"
+    )
     (run_dir / "attempts.jsonl").write_text('{"wall_s": 2.5}\n{"wall_s": 1.0}\n')
     summary = report.run_summary(run_dir)
     assert summary["tokens_per_s"] == pytest.approx(2000 / 3, abs=0.05)
@@ -532,18 +819,26 @@ def test_a_run_summary_counts_the_time_of_attempts_killed_with_their_session(tmp
     run_dir.mkdir()
     start = "{} | INFO | fairseq_cli.train | {{'_name': None, 'common': {{}}}}"
     epoch = "{} | INFO | train | epoch {:03d} | loss 9.0 | wps 1000.0 | wpb 100.0 | num_updates {} | train_wall 9"
-    (run_dir / "train.log").write_text("\n".join([
-        "/site-packages/fairseq/...: UserWarning: a line without a time",
-        start.format("2026-11-24 09:07:34"), epoch.format("2026-11-24 09:10:00", 1, 10),
-        epoch.format("2026-11-24 09:14:10", 2, 20),  # then killed: 396 s logged
-        start.format("2026-11-24 09:26:25"), epoch.format("2026-11-24 09:40:00", 3, 30),  # resumed, finished
-    ]) + "\n")
+    (run_dir / "train.log").write_text(
+        "\n".join(
+            [
+                "/site-packages/fairseq/...: UserWarning: a line without a time",
+                start.format("2026-11-24 09:07:34"),
+                epoch.format("2026-11-24 09:10:00", 1, 10),
+                epoch.format("2026-11-24 09:14:10", 2, 20),  # then killed: 396 s logged
+                start.format("2026-11-24 09:26:25"),
+                epoch.format("2026-11-24 09:40:00", 3, 30),  # resumed, finished
+            ]
+        )
+        + "\n"
+    )
     (run_dir / "attempts.jsonl").write_text('{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n')
     summary = report.run_summary(run_dir)
     assert (summary["attempts"], summary["wall_s"], summary["updates"]) == (2, 1296.0, 30)
     (run_dir / "attempts.jsonl").write_text(
         '{"started": "2026-11-24T09:07:30", "wall_s": 410.0, "returncode": -15}\n'  # stopped with Ctrl-C: recorded
-        '{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n')
+        '{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n'
+    )
     assert (report.run_summary(run_dir)["attempts"], report.run_summary(run_dir)["wall_s"]) == (2, 1310.0)
 
 
@@ -556,11 +851,23 @@ def test_the_permutation_test_across_seeds_counts_every_split_of_the_seeds():
     assert report.permutation_test([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == (0.0, 1.0, 20)
     # a = {3, 1}, b = {2, 0}: |Δ| = 1; splits {3,2}|{1,0} (2), {3,1}|{2,0} (1), {3,0}|{2,1} (0) and mirrors
     assert report.permutation_test([3.0, 1.0], [2.0, 0.0]) == pytest.approx((1.0, 4 / 6, 6))
-    runs = [{"variant": v, "seed": seed, "test_sets": {"t": {"sacrebleu": bleu}}}
-            for v, scores in (("realformer", (36.0, 36.5, 37.0)), ("admin", (35.0, 35.2, 35.4)), ("post-ln", (36.0,)))
-            for seed, bleu in zip((1, 2, 3), scores)]  # fmt: skip
-    assert report.seed_comparisons(runs) == [{"a": "realformer", "b": "admin", "test_set": "t", "seeds_a": [1, 2, 3],
-                                              "seeds_b": [1, 2, 3], "delta_mean": 1.3, "p_value": 0.1, "splits": 20}]  # fmt: skip
+    runs = [
+        {"variant": v, "seed": seed, "test_sets": {"t": {"sacrebleu": bleu}}}
+        for v, scores in (("realformer", (36.0, 36.5, 37.0)), ("admin", (35.0, 35.2, 35.4)), ("post-ln", (36.0,)))
+        for seed, bleu in zip((1, 2, 3), scores)
+    ]
+    assert report.seed_comparisons(runs) == [
+        {
+            "a": "realformer",
+            "b": "admin",
+            "test_set": "t",
+            "seeds_a": [1, 2, 3],
+            "seeds_b": [1, 2, 3],
+            "delta_mean": 1.3,
+            "p_value": 0.1,
+            "splits": 20,
+        }
+    ]
 
 
 def _quality_report():
@@ -577,7 +884,12 @@ def test_the_committed_quality_studies_rescore_from_their_translations(path):
     validation set where it was scored), scored again against the raw references, give the
     sacreBLEU, chrF and lowercased BLEU the JSON reports."""
     study = json.loads(path.read_text())
-    assert study["runs"] and study["machine"] and study["date"] and study["command"].startswith("python benchmarks/quality.py")
+    assert (
+        study["runs"]
+        and study["machine"]
+        and study["date"]
+        and study["command"].startswith("python benchmarks/quality.py")
+    )
     report = _quality_report()
     for r in study["runs"]:
         for name, reported in report.scored_sets(r).items():  # the test sets, and the validation set when scored
@@ -586,7 +898,9 @@ def test_the_committed_quality_studies_rescore_from_their_translations(path):
             with gzip.open(MULTI30K / f"{name}.de.gz", "rt", encoding="utf-8") as f:
                 reference = f.read().splitlines()
             assert len(hypotheses) == len(reference)
-            assert sacrebleu.corpus_bleu(hypotheses, [reference]).score == pytest.approx(reported["sacrebleu"], abs=1e-9)
+            assert sacrebleu.corpus_bleu(hypotheses, [reference]).score == pytest.approx(
+                reported["sacrebleu"], abs=1e-9
+            )
             assert sacrebleu.corpus_chrf(hypotheses, [reference]).score == pytest.approx(reported["chrf"], abs=1e-9)
             lowercased = sacrebleu.corpus_bleu(hypotheses, [reference], lowercase=True).score
             assert lowercased == pytest.approx(reported["bleu_lc"], abs=1e-9)
@@ -611,16 +925,30 @@ def test_multi30k_names_a_missing_language_or_test_set(tmp_path):
     recipe = Path(REPO) / "examples" / "multi30k" / "run.sh"
     for flags, expected in [
         (["--source-lang", "fr"], f"{data}/train.fr.gz not found (DATA_DIR, --source-lang/--target-lang)"),
-        (["--test-sets", "test_2016_flickr,test_2017_flickr"], f"{data}/test_2017_flickr.de.gz not found (--test-sets)"),
+        (
+            ["--test-sets", "test_2016_flickr,test_2017_flickr"],
+            f"{data}/test_2017_flickr.de.gz not found (--test-sets)",
+        ),
         (["--target-lang", "es"], "--target-lang es: Multi30k's languages are en, de, fr and cs"),
-    ]:  # fmt: skip
+    ]:
         result = run(recipe, *flags, data, tmp_path / "run", check=False)
         assert (result.returncode, result.stderr) == (2, f"run.sh: error: {expected}\n")
         assert not (tmp_path / "run").exists()
-    result = run(Path(REPO) / "benchmarks" / "quality.py", "--data", data, "--test-sets", "test_2017_flickr",
-                 "--out", tmp_path / "quality", check=False)  # fmt: skip
+    result = run(
+        Path(REPO) / "benchmarks" / "quality.py",
+        "--data",
+        data,
+        "--test-sets",
+        "test_2017_flickr",
+        "--out",
+        tmp_path / "quality",
+        check=False,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == f"quality.py: error: {data}/test_2017_flickr.de.gz not found (--test-sets)"
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"quality.py: error: {data}/test_2017_flickr.de.gz not found (--test-sets)"
+    )
 
 
 # --- binarize.py ----------------------------------------------------------------------------------
@@ -636,14 +964,36 @@ def test_binarize_encodes_and_binarises_every_split_once(tmp_path, capsys):
     for split, n in (("train", 120), ("val", 30), ("test_2016_flickr", 12), ("test_2017_flickr", 9)):
         for lang in ("en", "de"):
             with gzip.open(tmp_path / f"{split}.{lang}.gz", "wt") as f:
-                f.writelines(" ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)) + f" {lang}\n" for i in range(n))
-    argv = ["--source-lang", "en", "--target-lang", "de", "--trainpref", tmp_path / "train", "--validpref", tmp_path / "val",
-            "--testpref", f"{tmp_path / 'test_2016_flickr'},{tmp_path / 'test_2017_flickr'}", "--spm-vocab", "60",
-            "--spm-dir", tmp_path / "spm", "--destdir", tmp_path / "bin", "--max-lines", "train=80,valid=20"]  # fmt: skip
+                f.writelines(
+                    " ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)) + f" {lang}\n" for i in range(n)
+                )
+    argv = [
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--trainpref",
+        tmp_path / "train",
+        "--validpref",
+        tmp_path / "val",
+        "--testpref",
+        f"{tmp_path / 'test_2016_flickr'},{tmp_path / 'test_2017_flickr'}",
+        "--spm-vocab",
+        "60",
+        "--spm-dir",
+        tmp_path / "spm",
+        "--destdir",
+        tmp_path / "bin",
+        "--max-lines",
+        "train=80,valid=20",
+    ]
     run(SCRIPTS / "binarize.py", *argv)
     assert len((tmp_path / "spm" / "train.en").read_text().splitlines()) == 80
     assert "\u2581" in (tmp_path / "spm" / "val.de").read_text()
-    sizes = {name: len(MMapIndexedDataset(str(tmp_path / "bin" / f"{name}.en-de.de"))) for name in ("train", "valid", "test", "test1")}
+    sizes = {
+        name: len(MMapIndexedDataset(str(tmp_path / "bin" / f"{name}.en-de.de")))
+        for name in ("train", "valid", "test", "test1")
+    }
     assert sizes == {"train": 80, "valid": 20, "test": 12, "test1": 9}  # test sets in the order given
     assert not (tmp_path / "bin.tmp").exists()
     binarize.main([str(a) for a in argv])  # resumable: the finished data are kept
@@ -651,5 +1001,8 @@ def test_binarize_encodes_and_binarises_every_split_once(tmp_path, capsys):
 
     argv[argv.index("--destdir") + 1] = tmp_path / "bin2"
     error = cli_error(capsys, binarize.main, *argv[:5], tmp_path / "nope", *argv[6:])
-    assert error == f"binarize.py: error: --trainpref {tmp_path / 'nope'}: neither {tmp_path / 'nope'}.en nor {tmp_path / 'nope'}.en.gz exists"
+    assert (
+        error
+        == f"binarize.py: error: --trainpref {tmp_path / 'nope'}: neither {tmp_path / 'nope'}.en nor {tmp_path / 'nope'}.en.gz exists"
+    )
     assert not (tmp_path / "bin2").exists()

@@ -1,4 +1,5 @@
 """The attention core: what it computes, what it hands on, and that it is fairseq's when off."""
+
 import math
 
 import pytest
@@ -51,10 +52,12 @@ def test_cross_attention_without_prev_is_fairseqs(need_head_weights):
     theirs, ours = pair(encoder_decoder_attention=True)
     q, enc = torch.randn(T, B, EMBED), torch.randn(S, B, EMBED)
     kpm = padding([7, 2, 5], S)
-    want, want_w = theirs(q, enc, enc, key_padding_mask=kpm, static_kv=True,
-                          need_weights=True, need_head_weights=need_head_weights)  # fmt: skip
-    got, got_w, _ = ours(q, enc, enc, key_padding_mask=kpm, static_kv=True,
-                         need_weights=True, need_head_weights=need_head_weights)  # fmt: skip
+    want, want_w = theirs(
+        q, enc, enc, key_padding_mask=kpm, static_kv=True, need_weights=True, need_head_weights=need_head_weights
+    )
+    got, got_w, _ = ours(
+        q, enc, enc, key_padding_mask=kpm, static_kv=True, need_weights=True, need_head_weights=need_head_weights
+    )
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     torch.testing.assert_close(got_w, want_w, rtol=0, atol=1e-6)
     assert got_w.shape == ((HEADS, B, T, S) if need_head_weights else (B, T, S))
@@ -94,8 +97,19 @@ def test_beamable_cross_attention_equals_per_hypothesis():
         for _ in range(2):  # first step projects the encoder states, the second reads the cache
             q = torch.randn(1, sentences * beam, EMBED)
             prev = torch.randn(sentences * beam * HEADS, 1, S)
-            step_results.append(ours(q, enc, enc, key_padding_mask=kpm, incremental_state=state,
-                                     static_kv=True, carried=Carried(prev), depth=2, need_weights=True))  # fmt: skip
+            step_results.append(
+                ours(
+                    q,
+                    enc,
+                    enc,
+                    key_padding_mask=kpm,
+                    incremental_state=state,
+                    static_kv=True,
+                    carried=Carried(prev),
+                    depth=2,
+                    need_weights=True,
+                )
+            )
         results.append(step_results)
     for per_hypothesis, beamable in zip(*results):
         for want, got in zip(per_hypothesis, beamable):
@@ -119,8 +133,9 @@ def test_hands_on_the_unmasked_sum_out_of_place(running_mean):
     prev_before = prev.clone()
     kpm, mask = padding([5, 3, 4], T, left=False), future_mask(T)
     depth = 3
-    _, weights, (scores, _) = ours(x, x, x, key_padding_mask=kpm, attn_mask=mask, carried=Carried(prev),
-                                 need_head_weights=True, depth=depth)  # fmt: skip
+    _, weights, (scores, _) = ours(
+        x, x, x, key_padding_mask=kpm, attn_mask=mask, carried=Carried(prev), need_head_weights=True, depth=depth
+    )
 
     expected = raw_scores(ours, x, x) + prev_before
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-5)
@@ -191,9 +206,15 @@ def test_half_precision_gradients_match_float32(dtype, running_mean):
     grads = []
     for module, inputs in ((reference, x), (half, x.to(dtype))):
         try:
-            out, _, (scores, _) = module(inputs, inputs, inputs, key_padding_mask=kpm, attn_mask=mask,
-                                    carried=Carried(prev if dtype == torch.float16 or module is reference
-                                    else prev.to(dtype)), depth=2)  # fmt: skip
+            out, _, (scores, _) = module(
+                inputs,
+                inputs,
+                inputs,
+                key_padding_mask=kpm,
+                attn_mask=mask,
+                carried=Carried(prev if dtype == torch.float16 or module is reference else prev.to(dtype)),
+                depth=2,
+            )
             (out.float().square().sum() + scores.float().sum()).backward()
         except RuntimeError as e:  # pragma: no cover - CPU builds without half GEMM backward
             pytest.skip(f"{dtype} backward unavailable on this CPU build: {e}")
@@ -216,8 +237,11 @@ def test_fairseqs_attention_off_the_path_answers_as_ours_and_computes_as_fairseq
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), theirs.state_dict().values()))
     x, kv = torch.randn(T, B, EMBED), torch.randn(S if kind == "cross" else T, B, EMBED)
     kv = x if kind == "self" else kv
-    asked = dict(key_padding_mask=padding([7, 2, 5] if kind == "cross" else [5, 3, 4], kv.size(0)), need_weights=True,
-                 static_kv=kind == "cross")  # fmt: skip
+    asked = dict(
+        key_padding_mask=padding([7, 2, 5] if kind == "cross" else [5, 3, 4], kv.size(0)),
+        need_weights=True,
+        static_kv=kind == "cross",
+    )
     torch.manual_seed(1)
     want, want_weights = theirs(x, kv, kv, **asked)
     torch.manual_seed(1)

@@ -10,6 +10,7 @@ fairseq's batching drops (``keep_last_batch``), shows in fairseq-generate on the
 sentences; fairseq's training and validation batches hold every sentence of this corpus, which the
 tests check too.
 """
+
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -29,12 +30,38 @@ from .test_compat import FIXTURES, hypotheses
 DATA = FIXTURES / "bin"  # the toy corpus, binarised with a joined dictionary
 SIDES = {"fairseq": ([], {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}), "plugin": (["--user-dir", USER_DIR], {})}
 TRAIN = [
-    DATA, "--arch", "transformer_iwslt_de_en", *TINY, "--seed", "1", "--num-workers", "0",
-    "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt",
-    "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--max-tokens", "1000",
-    "--store-ema", "--ema-decay", "0.9", "--log-format", "json", "--log-interval", "1",
-]  # fmt: skip
+    DATA,
+    "--arch",
+    "transformer_iwslt_de_en",
+    *TINY,
+    "--seed",
+    "1",
+    "--num-workers",
+    "0",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9,0.98)",
+    "--lr",
+    "2e-3",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--warmup-updates",
+    "10",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--label-smoothing",
+    "0.1",
+    "--max-tokens",
+    "1000",
+    "--store-ema",
+    "--ema-decay",
+    "0.9",
+    "--log-format",
+    "json",
+    "--log-interval",
+    "1",
+]
 TIMES = ("wall", "train_wall", "ups", "wps", "gb_free")  # what differs from run to run
 NOT_COMPARED = {"metrics", "previous_training_time", "cfg"}  # times, and paths (compared apart)
 
@@ -51,8 +78,15 @@ def one_side(work, side):
 
     logs["train"] = fairseq_train(train, "--max-epoch", "2")
     logs["resume"] = fairseq_train(train, "--max-epoch", "3")  # from checkpoint_last.pt
-    logs["finetune"] = fairseq_train(finetune, "--max-epoch", "1", "--finetune-from-model", train / "checkpoint2.pt",
-                                     "--ema-seed-model", train / "checkpoint2.pt")  # fmt: skip
+    logs["finetune"] = fairseq_train(
+        finetune,
+        "--max-epoch",
+        "1",
+        "--finetune-from-model",
+        train / "checkpoint2.pt",
+        "--ema-seed-model",
+        train / "checkpoint2.pt",
+    )
     return logs
 
 
@@ -79,12 +113,19 @@ def logged(log):
 
 def dropped_by_fairseq(split, max_tokens):
     """How many sentences of *split* fairseq's own batching leaves out."""
-    task = tasks.setup_task(options.parse_args_and_arch(options.get_training_parser(), [str(DATA), "--arch", "transformer"]))
+    task = tasks.setup_task(
+        options.parse_args_and_arch(options.get_training_parser(), [str(DATA), "--arch", "transformer"])
+    )
     task.load_dataset(split)
     dataset = task.dataset(split)
     indices = dataset.ordered_indices()
-    batches = data_utils.batch_by_size.__wrapped__(indices, dataset.num_tokens, max_tokens=max_tokens, required_batch_size_multiple=8,
-                                                   num_tokens_vec=dataset.num_tokens_vec(indices).astype(np.int64))  # fmt: skip
+    batches = data_utils.batch_by_size.__wrapped__(
+        indices,
+        dataset.num_tokens,
+        max_tokens=max_tokens,
+        required_batch_size_multiple=8,
+        num_tokens_vec=dataset.num_tokens_vec(indices).astype(np.int64),
+    )
     return len(indices) - sum(map(len, batches))
 
 
@@ -93,7 +134,11 @@ def test_the_same_losses(runs, name):
     _, logs = runs
     fairseq, plugin = logged(logs["fairseq"][name]), logged(logs["plugin"][name])
     kinds = [kind for kind, _ in fairseq]
-    assert kinds.count("train_inner") >= 5 and "valid" in kinds and all("loss" in r for k, r in fairseq if k == "train_inner")
+    assert (
+        kinds.count("train_inner") >= 5
+        and "valid" in kinds
+        and all("loss" in r for k, r in fairseq if k == "train_inner")
+    )
     assert plugin == fairseq
     assert dropped_by_fairseq("train", 1000) == dropped_by_fairseq("valid", 1000) == 0  # nothing for the fix to keep
 
@@ -116,14 +161,24 @@ def assert_same(a, b, where):
         assert a == b, where
 
 
-@pytest.mark.parametrize("checkpoint", ["train/checkpoint1.pt", "train/checkpoint2.pt", "train/checkpoint3.pt",
-                                        "train/checkpoint_best.pt", "finetune/checkpoint1.pt"])  # fmt: skip
+@pytest.mark.parametrize(
+    "checkpoint",
+    [
+        "train/checkpoint1.pt",
+        "train/checkpoint2.pt",
+        "train/checkpoint3.pt",
+        "train/checkpoint_best.pt",
+        "finetune/checkpoint1.pt",
+    ],
+)
 def test_the_same_checkpoints(runs, checkpoint):
     """Parameters, optimizer state, EMA weights, data position: everything but times and paths."""
     work, _ = runs
     fairseq, plugin = (read_checkpoint(work / side / checkpoint) for side in SIDES)
     assert fairseq["extra_state"]["ema"] and not torch.equal(  # EMA is on, and not the model itself
-        fairseq["extra_state"]["ema"]["decoder.output_projection.weight"], fairseq["model"]["decoder.output_projection.weight"])  # fmt: skip
+        fairseq["extra_state"]["ema"]["decoder.output_projection.weight"],
+        fairseq["model"]["decoder.output_projection.weight"],
+    )
     assert_same(fairseq, plugin, checkpoint)
     model = {side: vars(state["cfg"]["model"]) for side, state in (("fairseq", fairseq), ("plugin", plugin))}
     for side in model:  # every setting but the folders the two sides write to, and the plugin's folder
@@ -137,18 +192,41 @@ def test_the_averaged_checkpoint_translates_the_same(runs):
     batch, which the plugin translates (fairseq #5036)."""
     work, _ = runs
     average = work / "average.pt"  # of fairseq's own checkpoints, with our script (no fairseq wheel has one)
-    run(SCRIPTS / "average_checkpoints.py", "--inputs", work / "fairseq" / "train", "--num-epoch-checkpoints", "3",
-        "--output", average)  # fmt: skip
+    run(
+        SCRIPTS / "average_checkpoints.py",
+        "--inputs",
+        work / "fairseq" / "train",
+        "--num-epoch-checkpoints",
+        "3",
+        "--output",
+        average,
+    )
     sources = [read_checkpoint(work / "fairseq" / "train" / f"checkpoint{epoch}.pt")["model"] for epoch in (1, 2, 3)]
     for name, tensor in read_checkpoint(average)["model"].items():
         torch.testing.assert_close(tensor, sum(s[name] for s in sources) / 3, rtol=1e-6, atol=1e-7)
 
     def generate(side):
         flags, env = SIDES[side]
-        return hypotheses(run("fairseq-generate", DATA, *flags, "--path", average, "--beam", "2", "--max-len-b", "12",
-                              "--gen-subset", "test", env=env).stdout)  # fmt: skip
+        return hypotheses(
+            run(
+                "fairseq-generate",
+                DATA,
+                *flags,
+                "--path",
+                average,
+                "--beam",
+                "2",
+                "--max-len-b",
+                "12",
+                "--gen-subset",
+                "test",
+                env=env,
+            ).stdout
+        )
 
     with ThreadPoolExecutor(2) as pool:
         fairseq, plugin = pool.map(generate, SIDES)
-    assert len(plugin) == 2 * N_TEST and len(fairseq) == 2 * (N_TEST - dropped_by_fairseq("test", 12000)) < len(plugin)  # generate's max-tokens
+    assert len(plugin) == 2 * N_TEST and len(fairseq) == 2 * (N_TEST - dropped_by_fairseq("test", 12000)) < len(
+        plugin
+    )  # generate's max-tokens
     assert {key: plugin[key] for key in fairseq} == fairseq

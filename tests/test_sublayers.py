@@ -2,6 +2,7 @@
 paths; every layer has each sublayer's attention and LayerNorm where the table says; every
 per-sublayer parameter a backbone makes is declared on the layers, so that a search for its name
 (``ffn_omega``) finds where it comes from."""
+
 import pytest
 import torch
 

@@ -2,6 +2,7 @@
 gates where the equations put them, equal to the reference on any subset of paths, unchanged
 for one layer, `learned` = `half` at initialisation, LayerDrop, activation checkpointing, float16
 and the flags it cannot go with."""
+
 import pytest
 import torch
 
@@ -34,8 +35,17 @@ def test_each_path_set_matches_reference(score_paths, value_paths, mix):
     model = perturb_(realformer(score_paths, "mean", "admin", *value_residual(value_paths, mix), dictionary=DICT))
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     enc, logits, _ = forward(model, src, src_len, prev)
-    ref = reference_forward(model, src, prev, paths=paths_of(score_paths), mode="mean", backbone="admin", heads=HEADS,
-                            value_paths=paths_of(value_paths), value_mix=mix)  # fmt: skip
+    ref = reference_forward(
+        model,
+        src,
+        prev,
+        paths=paths_of(score_paths),
+        mode="mean",
+        backbone="admin",
+        heads=HEADS,
+        value_paths=paths_of(value_paths),
+        value_mix=mix,
+    )
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True))
     assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False))
 
@@ -91,9 +101,23 @@ def test_layerdrop_takes_v1_from_the_first_layer_run():
     """With LayerDrop, V_1 is the values of the first layer of the path that runs in this pass
     (its gate, if any, unused), as the running mean counts the layers run."""
     layers, p = 4, 0.5
-    model = perturb_(realformer("all", "mean", "admin", *value_residual("all", "learned"), "--encoder-layers",
-                                str(layers), "--decoder-layers", str(layers), "--encoder-layerdrop", str(p),
-                                "--decoder-layerdrop", str(p), dictionary=DICT))  # fmt: skip
+    model = perturb_(
+        realformer(
+            "all",
+            "mean",
+            "admin",
+            *value_residual("all", "learned"),
+            "--encoder-layers",
+            str(layers),
+            "--decoder-layers",
+            str(layers),
+            "--encoder-layerdrop",
+            str(p),
+            "--decoder-layerdrop",
+            str(p),
+            dictionary=DICT,
+        )
+    )
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     for seed in range(50):  # the first layer dropped on both sides, at least two layers run
         torch.manual_seed(seed)  # LayerDropModuleList draws one uniform per layer per pass
@@ -106,9 +130,19 @@ def test_layerdrop_takes_v1_from_the_first_layer_run():
     model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
     torch.manual_seed(seed)
     enc, logits, _ = forward(model, src, src_len, prev)
-    ref = reference_forward(model, src, prev, paths=paths_of("all"), mode="mean", backbone="admin", heads=HEADS,
-                            encoder_layers=kept_enc, decoder_layers=kept_dec, value_paths=paths_of("all"),
-                            value_mix="learned")  # fmt: skip
+    ref = reference_forward(
+        model,
+        src,
+        prev,
+        paths=paths_of("all"),
+        mode="mean",
+        backbone="admin",
+        heads=HEADS,
+        encoder_layers=kept_enc,
+        decoder_layers=kept_dec,
+        value_paths=paths_of("all"),
+        value_mix="learned",
+    )
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True))
     assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False))
 
@@ -118,8 +152,9 @@ def test_activation_checkpointing_gives_the_same_outputs_and_gradients(backbone)
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     results = []
     for flags in ([], ["--checkpoint-activations"]):
-        model = perturb_(realformer("all", "mean", backbone, *value_residual("all", "learned"), *flags,
-                                    dictionary=DICT)).train()  # fmt: skip
+        model = perturb_(
+            realformer("all", "mean", backbone, *value_residual("all", "learned"), *flags, dictionary=DICT)
+        ).train()
         logits, _ = model(src, src_len, prev)
         logits.sum().backward()
         first, gate = model.decoder.layers[0].encoder_attn, model.decoder.layers[2].encoder_attn.value_gate
@@ -166,11 +201,13 @@ def test_values_alone_carry_no_scores():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--value-residual-paths", "cross", "--no-cross-attention"],
-         "--value-residual-paths includes cross, but --no-cross-attention removes it"),
+        (
+            ["--value-residual-paths", "cross", "--no-cross-attention"],
+            "--value-residual-paths includes cross, but --no-cross-attention removes it",
+        ),
         (["--value-residual-paths", "encoder,values"], "--value-residual-paths: unknown path 'values'"),
     ],
-)  # fmt: skip
+)
 def test_impossible_flags_are_one_line_naming_them(flags, message):
     with pytest.raises(RealformerConfigError) as error:
         build_model("realformer_iwslt_de_en", "--residual-attention-paths", "encoder", *flags, dictionary=DICT)

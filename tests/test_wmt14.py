@@ -1,5 +1,6 @@
 """examples/wmt14: the prepare scripts on fabricated WMT'14 raw files (the archives' file names and
 formats: plain parallel text, SGML), and train.sh's distributed path with 2 CPU processes."""
+
 import gzip
 import hashlib
 import random
@@ -19,15 +20,22 @@ from .helpers import REPO, FakeTask, make_dictionary
 WMT14 = Path(REPO) / "examples" / "wmt14"
 # Both sides share the words, so that BPE splits a sentence and its "translation" alike and only
 # the pairs made to break a cleaning rule are dropped.
-WORDS = ("house garden river city bridge street school book state-of-the-art e-mail well-known "
-         "Grüße Straße tree small green old new").split()  # fmt: skip
+WORDS = (
+    "house garden river city bridge street school book state-of-the-art e-mail well-known "
+    "Grüße Straße tree small green old new"
+).split()
 QUOTES = {"en": ("“", "”"), "de": ("„", "“"), "fr": ("« ", " »")}
 N_GOOD = 30  # good pairs per corpus
 SHORT_BPE = "60"  # merges: few enough that many words stay split into BPE units
 
 DE_CORPORA = ["training/europarl-v7.de-en", "commoncrawl.de-en", "training/news-commentary-v12.de-en"]
-FR_CORPORA = ["training/europarl-v7.fr-en", "commoncrawl.fr-en", "un/undoc.2000.fr-en",
-              "training/news-commentary-v9.fr-en", "giga-fren.release2.fixed"]  # fmt: skip
+FR_CORPORA = [
+    "training/europarl-v7.fr-en",
+    "commoncrawl.fr-en",
+    "un/undoc.2000.fr-en",
+    "training/news-commentary-v9.fr-en",
+    "giga-fren.release2.fixed",
+]
 
 
 def run(script, *args, check=True):
@@ -56,18 +64,24 @@ def fabricate_corpus(raw: Path, corpus: str, src: str, tgt: str, seed: int, gz=F
         s = sentence(rng, src, f"good{seed}x{i}")
         rng.setstate(state)  # the same words on both sides
         pairs.append((s, sentence(rng, tgt, f"good{seed}x{i}")))
-    pairs += [("house " * 300, "house " * 300), ("house", "house garden river city bridge street"),
-              ("house garden", "")]  # fmt: skip
+    pairs += [
+        ("house " * 300, "house " * 300),
+        ("house", "house garden river city bridge street"),
+        ("house garden", ""),
+    ]
     ext = ".gz" if gz else ""
     write_lines(raw / f"{corpus}.{src}{ext}", [p[0] for p in pairs])
     write_lines(raw / f"{corpus}.{tgt}{ext}", [p[1] for p in pairs])
 
 
 def sgm(path: Path, segments, kind, lang):
-    lines = [f'<{kind}set setid="newstest" srclang="any" trglang="{lang}">',
-             '<doc sysid="ref" docid="doc1" genre="news" origlang="en">', "<p>"]
+    lines = [
+        f'<{kind}set setid="newstest" srclang="any" trglang="{lang}">',
+        '<doc sysid="ref" docid="doc1" genre="news" origlang="en">',
+        "<p>",
+    ]
     lines += [f'<seg id="{i}">{s}</seg>' for i, s in enumerate(segments, 1)]
-    lines += ["</p>", "</doc>", f"</{kind}set>"]  # fmt: skip
+    lines += ["</p>", "</doc>", f"</{kind}set>"]
     write_lines(path, lines)
 
 
@@ -82,8 +96,10 @@ def newstest_segments(src, tgt, n=14):
             rng.setstate(state)
             segs[lang].append(sentence(rng, lang, f"seg{i}"))
     segs[src] += ["a very long test-sentence " * 80 + "seg15", "house seg16"]
-    segs[tgt] += ["ein sehr langer Test-Satz " * 80 + "seg15",
-                  "Donaudampfschifffahrtsgesellschaftskapitän und noch viel mehr seg16"]
+    segs[tgt] += [
+        "ein sehr langer Test-Satz " * 80 + "seg15",
+        "Donaudampfschifffahrtsgesellschaftskapitän und noch viel mehr seg16",
+    ]
     return segs
 
 
@@ -101,10 +117,10 @@ def fabricate_raw(raw: Path, src, tgt, corpora, pair_code, gz=()):
 
 def tree_state(folder: Path, content=False):
     return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if content
-        else p.stat().st_mtime_ns
-        for p in sorted(folder.rglob("*")) if p.is_file()
-    }  # fmt: skip
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if content else p.stat().st_mtime_ns
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def read(path: Path):
@@ -128,13 +144,22 @@ def en_de(tmp_path_factory):
     root = tmp_path_factory.mktemp("wmt14_en_de")
     segs = fabricate_raw(root / "raw", "en", "de", DE_CORPORA, "deen")
     raw_before = tree_state(root / "raw", content=True)
-    args = ["--raw-dir", root / "raw", "--prep-dir", root / "prep", "--dest-dir", root / "bin",
-            "--bpe-tokens", SHORT_BPE, "--workers", "2"]  # fmt: skip
+    args = [
+        "--raw-dir",
+        root / "raw",
+        "--prep-dir",
+        root / "prep",
+        "--dest-dir",
+        root / "bin",
+        "--bpe-tokens",
+        SHORT_BPE,
+        "--workers",
+        "2",
+    ]
     first = run("prepare-wmt14en2de.sh", *args)
     outputs = tree_state(root / "prep") | tree_state(root / "bin")
     second = run("prepare-wmt14en2de.sh", *args)
-    return dict(root=root, segs=segs, first=first, second=second, outputs=outputs,
-                raw_before=raw_before)  # fmt: skip
+    return dict(root=root, segs=segs, first=first, second=second, outputs=outputs, raw_before=raw_before)
 
 
 def test_en_de_binarised_with_a_joined_dictionary(en_de):
@@ -196,8 +221,16 @@ def test_en_de_rerun_skips_every_step_and_never_touches_inputs(en_de):
 def test_missing_raw_file_is_named_before_any_work(tmp_path):
     fabricate_raw(tmp_path / "raw", "en", "de", DE_CORPORA, "deen")
     (tmp_path / "raw/commoncrawl.de-en.de").unlink()
-    result = run("prepare-wmt14en2de.sh", "--raw-dir", tmp_path / "raw", "--prep-dir",
-                 tmp_path / "prep", "--dest-dir", tmp_path / "bin", check=False)  # fmt: skip
+    result = run(
+        "prepare-wmt14en2de.sh",
+        "--raw-dir",
+        tmp_path / "raw",
+        "--prep-dir",
+        tmp_path / "prep",
+        "--dest-dir",
+        tmp_path / "bin",
+        check=False,
+    )
     assert result.returncode != 0
     assert "commoncrawl.de-en.de" in result.stderr
     assert not (tmp_path / "prep").exists()
@@ -205,8 +238,17 @@ def test_missing_raw_file_is_named_before_any_work(tmp_path):
 
 def test_icml17_reads_news_commentary_v9(tmp_path):
     fabricate_raw(tmp_path / "raw", "en", "de", DE_CORPORA, "deen")  # v12, not v9
-    result = run("prepare-wmt14en2de.sh", "--icml17", "--raw-dir", tmp_path / "raw",
-                 "--prep-dir", tmp_path / "prep", "--dest-dir", tmp_path / "bin", check=False)  # fmt: skip
+    result = run(
+        "prepare-wmt14en2de.sh",
+        "--icml17",
+        "--raw-dir",
+        tmp_path / "raw",
+        "--prep-dir",
+        tmp_path / "prep",
+        "--dest-dir",
+        tmp_path / "bin",
+        check=False,
+    )
     assert result.returncode != 0
     assert "training/news-commentary-v9.de-en.en" in result.stderr
     assert "v12" not in result.stderr
@@ -231,18 +273,36 @@ def en_fr(tmp_path_factory):
     def pair(corpus, ext=""):
         return [f"{corpus}.en{ext}", f"{corpus}.fr{ext}"]
 
-    make_archive(orig / "training-parallel-europarl-v7.tgz", staging, pair(FR_CORPORA[0]),
-                 extra=["training/europarl-v7.de-en.de"])  # fmt: skip
+    make_archive(
+        orig / "training-parallel-europarl-v7.tgz",
+        staging,
+        pair(FR_CORPORA[0]),
+        extra=["training/europarl-v7.de-en.de"],
+    )
     make_archive(orig / "training-parallel-commoncrawl.tgz", staging, pair(FR_CORPORA[1]))
     make_archive(orig / "training-parallel-un.tgz", staging, pair(FR_CORPORA[2]))
     make_archive(orig / "training-parallel-nc-v9.tgz", staging, pair(FR_CORPORA[3]))
     make_archive(orig / "training-giga-fren.tar", staging, pair(FR_CORPORA[4], ".gz"), dot_prefix=True)
     make_archive(orig / "dev.tgz", staging, ["dev/newstest2013-src.en.sgm", "dev/newstest2013-ref.fr.sgm"])
-    make_archive(orig / "test-full.tgz", staging, ["test-full/newstest2014-fren-src.en.sgm",
-                                                   "test-full/newstest2014-fren-ref.fr.sgm"])  # fmt: skip
-    result = run("prepare-wmt14en2fr.sh", "--download-dir", orig, "--no-checksum", "--prep-dir",
-                 root / "prep", "--dest-dir", root / "bin", "--bpe-tokens", SHORT_BPE,
-                 "--workers", "2")  # fmt: skip
+    make_archive(
+        orig / "test-full.tgz",
+        staging,
+        ["test-full/newstest2014-fren-src.en.sgm", "test-full/newstest2014-fren-ref.fr.sgm"],
+    )
+    result = run(
+        "prepare-wmt14en2fr.sh",
+        "--download-dir",
+        orig,
+        "--no-checksum",
+        "--prep-dir",
+        root / "prep",
+        "--dest-dir",
+        root / "bin",
+        "--bpe-tokens",
+        SHORT_BPE,
+        "--workers",
+        "2",
+    )
     return dict(root=root, segs=segs, result=result)
 
 
@@ -277,9 +337,20 @@ def test_damaged_or_unexpected_archive_is_refused(tmp_path):
 
 # --- train.sh ---
 
-TINY = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-        "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
-        "--decoder-attention-heads", "2"]  # fmt: skip
+TINY = [
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+]
 
 
 def dry_run(*args):
@@ -290,10 +361,14 @@ def dry_run(*args):
 
 @pytest.mark.parametrize(
     "variant, depth, backbone, paths",
-    [("realformer", "6", "admin", "all"), ("admin", "12", "admin", "none"),
-     ("post-ln", "18", "post-ln", "none"), ("pre-ln", "60-12", "pre-ln", "none"),
-     ("t-fixup-realformer", "6", "t-fixup", "all")],
-)  # fmt: skip
+    [
+        ("realformer", "6", "admin", "all"),
+        ("admin", "12", "admin", "none"),
+        ("post-ln", "18", "post-ln", "none"),
+        ("pre-ln", "60-12", "pre-ln", "none"),
+        ("t-fixup-realformer", "6", "t-fixup", "all"),
+    ],
+)
 def test_variant_builds_the_table_7_model(variant, depth, backbone, paths):
     fairseq_args, _ = dry_run("--variant", variant, "--depth", depth, *TINY)
     args = options.parse_args_and_arch(options.get_training_parser(), ["/no/data", *fairseq_args[1:]])
@@ -330,11 +405,36 @@ def test_train_runs_two_cpu_ranks_that_really_train(en_de, tmp_path):
     two independent trainings would each log bsz=4 and save twice."""
     save = tmp_path / "ckpt"
     result = run(
-        "train.sh", "--variant", "realformer", "--depth", "1", "--gpus", "0", "--cpu-procs", "2",
-        "--data", en_de["root"] / "bin", "--save-dir", save, "--update-freq", "1", "--warmup", "2",
-        *TINY, "--batch-size", "4", "--required-batch-size-multiple", "1", "--max-update", "3",
-        "--log-interval", "1", "--num-workers", "0", "--no-progress-bar",
-    )  # fmt: skip
+        "train.sh",
+        "--variant",
+        "realformer",
+        "--depth",
+        "1",
+        "--gpus",
+        "0",
+        "--cpu-procs",
+        "2",
+        "--data",
+        en_de["root"] / "bin",
+        "--save-dir",
+        save,
+        "--update-freq",
+        "1",
+        "--warmup",
+        "2",
+        *TINY,
+        "--batch-size",
+        "4",
+        "--required-batch-size-multiple",
+        "1",
+        "--max-update",
+        "3",
+        "--log-interval",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-progress-bar",
+    )
     log = result.stdout + result.stderr
     assert "torchrun" in result.stdout and "--distributed-world-size 2" in result.stdout
     # 90 pairs / 4 per batch = 23 batches over 2 ranks = 12 updates an epoch, x 50 epochs
@@ -351,12 +451,30 @@ def test_a_refused_flag_leaves_no_save_dir(en_de, tmp_path):
     """train.sh makes the save dir for fairseq-train's --log-file; a run refused while fairseq
     parses its flags takes back what train.sh made. (--total-num-update given: train.sh does not
     count the updates of an epoch, whose parsing would refuse the flag before the folder exists.)"""
-    result = run("train.sh", "--variant", "realformer", "--depth", "1", "--gpus", "0", "--cpu-procs", "1",
-                 "--data", en_de["root"] / "bin", "--save-dir", tmp_path / "runs" / "ckpt", *TINY,
-                 "--total-num-update", "1000",
-                 "--residual-attention-paths", "encoder,foo", check=False)  # fmt: skip
+    result = run(
+        "train.sh",
+        "--variant",
+        "realformer",
+        "--depth",
+        "1",
+        "--gpus",
+        "0",
+        "--cpu-procs",
+        "1",
+        "--data",
+        en_de["root"] / "bin",
+        "--save-dir",
+        tmp_path / "runs" / "ckpt",
+        *TINY,
+        "--total-num-update",
+        "1000",
+        "--residual-attention-paths",
+        "encoder,foo",
+        check=False,
+    )
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
         "fairseq-train: error: --residual-attention-paths: unknown path 'foo'; give a comma list of encoder, "
-        "decoder, cross, or all, or none")  # fmt: skip
+        "decoder, cross, or all, or none"
+    )
     assert not (tmp_path / "runs").exists()

@@ -9,6 +9,7 @@ task, --max-tokens/--batch-size, size filter, --required-batch-size-multiple and
 grouped by --update-freq. The number of batches is the same every epoch: fairseq forms them once
 and only shuffles their order.
 """
+
 import math
 import sys
 
@@ -31,9 +32,7 @@ def updates_per_epoch(argv):
         dataset=task.dataset(cfg.dataset.train_subset),
         max_tokens=cfg.dataset.max_tokens,
         max_sentences=cfg.dataset.batch_size,
-        max_positions=utils.resolve_max_positions(
-            task.max_positions(), model_positions, cfg.dataset.max_tokens
-        ),
+        max_positions=utils.resolve_max_positions(task.max_positions(), model_positions, cfg.dataset.max_tokens),
         ignore_invalid_inputs=True,
         required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
         seed=cfg.common.seed,

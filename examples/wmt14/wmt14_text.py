@@ -7,6 +7,7 @@ corpus line must not split it, or the two sides of a parallel corpus would fall 
 Outputs are written to ``NAME.part`` and renamed when complete, so an interrupted run never
 leaves a file that looks finished.
 """
+
 import argparse
 import gzip
 import multiprocessing
@@ -178,8 +179,9 @@ def main(argv=None):
     p.add_argument("prefix", help="reads PREFIX.L for each language L (or PREFIX.L.gz)")
     p.add_argument("out", help="writes OUT.L")
     p.add_argument("--langs", nargs=2, required=True, metavar=("L1", "L2"))
-    p.add_argument("--test", action="store_true",
-                   help="a dev/test set: no punctuation normalisation, as fairseq's recipe")
+    p.add_argument(
+        "--test", action="store_true", help="a dev/test set: no punctuation normalisation, as fairseq's recipe"
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.set_defaults(func=cmd_tokenize)
 

@@ -1,4 +1,5 @@
 """``python -m fairseq_realformer.analysis``: the same as ``realformer-analyze``."""
+
 from .cli import main
 
 main()

@@ -11,6 +11,7 @@ time.
 
 Nothing else changes: the model computes what it computes without the recorder (tested).
 """
+
 from typing import Callable, Dict, List
 
 from fairseq.modules import MultiheadAttention
@@ -36,9 +37,7 @@ def attention_modules(model: nn.Module) -> Dict[str, List[MultiheadAttention]]:
     decoder_layers = getattr(getattr(model, "decoder", None), "layers", None)
     kind = type(model).__name__
     if not encoder_layers or not decoder_layers:
-        raise RealformerConfigError(
-            f"{kind} has no Transformer encoder and decoder layers to read attention from"
-        )
+        raise RealformerConfigError(f"{kind} has no Transformer encoder and decoder layers to read attention from")
     stacks = {"encoder": encoder_layers, "decoder": decoder_layers}
     modules = {
         path: [getattr(layer, sublayer.name, None) for layer in stacks[side]]

@@ -10,6 +10,7 @@ distribution over the keys it may see, and the Jensen-Shannon divergence (bits) 
 of layer L and head i of layer L-1 for the same token. Prints a summary table, draws the paper's
 violin grids (and a comparison of the models) into --out, and writes --json for scripts.
 """
+
 import argparse
 import json
 import logging
@@ -42,37 +43,77 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[2].replace("\n", " "),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("data", metavar="DATA_BIN", help="fairseq-preprocess output folder (dict.*.txt, SPLIT.*.bin/idx)")
-    parser.add_argument("--checkpoints", nargs="+", required=True, metavar="CKPT",
-                        help="fairseq checkpoints: this plugin's realformer models or fairseq's transformer")  # fmt: skip
-    parser.add_argument("--labels", nargs="+", metavar="NAME",
-                        help="a name per checkpoint for tables and figures (default: the shortest unique "
-                        "end of each checkpoint's path)")  # fmt: skip
+    parser.add_argument(
+        "data", metavar="DATA_BIN", help="fairseq-preprocess output folder (dict.*.txt, SPLIT.*.bin/idx)"
+    )
+    parser.add_argument(
+        "--checkpoints",
+        nargs="+",
+        required=True,
+        metavar="CKPT",
+        help="fairseq checkpoints: this plugin's realformer models or fairseq's transformer",
+    )
+    parser.add_argument(
+        "--labels",
+        nargs="+",
+        metavar="NAME",
+        help="a name per checkpoint for tables and figures (default: the shortest unique "
+        "end of each checkpoint's path)",
+    )
     parser.add_argument("--gen-subset", default="valid", metavar="SPLIT", help="the split whose references are fed")
-    parser.add_argument("--max-sentences", type=int, metavar="N",
-                        help="analyse the first N sentences of the split (default: all of them); batching "
-                        "is set by --max-tokens")  # fmt: skip
+    parser.add_argument(
+        "--max-sentences",
+        type=int,
+        metavar="N",
+        help="analyse the first N sentences of the split (default: all of them); batching is set by --max-tokens",
+    )
     parser.add_argument("--max-tokens", type=int, default=4096, metavar="T", help="tokens per batch")
     parser.add_argument("--source-lang", metavar="L", help="default: the checkpoint's")
     parser.add_argument("--target-lang", metavar="L", help="default: the checkpoint's")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is visible")
-    parser.add_argument("--out", default="attention-analysis", metavar="DIR", help="folder for the figures (PNG and PDF)")
+    parser.add_argument(
+        "--out", default="attention-analysis", metavar="DIR", help="folder for the figures (PNG and PDF)"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the medians as JSON")
-    parser.add_argument("--entropy-unit", choices=sorted(ENTROPY_UNITS), default="nats",
-                        help="natural or base-2 logarithm (the paper does not state its unit; JSD is always in bits)")  # fmt: skip
-    parser.add_argument("--entropy-thresholds", nargs=2, type=float, default=[1.5, 4.5], metavar=("LOW", "HIGH"),
-                        help="colour bands of the entropy violins by median, in --entropy-unit (the paper's)")  # fmt: skip
-    parser.add_argument("--jsd-thresholds", nargs=2, type=float, default=[0.25, 0.75], metavar=("LOW", "HIGH"),
-                        help="colour bands of the JSD violins by median, in bits (the paper's)")  # fmt: skip
-    parser.add_argument("--sample-size", type=int, default=5000, metavar="K",
-                        help="query tokens sampled uniformly per path for the violins (medians use every token)")  # fmt: skip
+    parser.add_argument(
+        "--entropy-unit",
+        choices=sorted(ENTROPY_UNITS),
+        default="nats",
+        help="natural or base-2 logarithm (the paper does not state its unit; JSD is always in bits)",
+    )
+    parser.add_argument(
+        "--entropy-thresholds",
+        nargs=2,
+        type=float,
+        default=[1.5, 4.5],
+        metavar=("LOW", "HIGH"),
+        help="colour bands of the entropy violins by median, in --entropy-unit (the paper's)",
+    )
+    parser.add_argument(
+        "--jsd-thresholds",
+        nargs=2,
+        type=float,
+        default=[0.25, 0.75],
+        metavar=("LOW", "HIGH"),
+        help="colour bands of the JSD violins by median, in bits (the paper's)",
+    )
+    parser.add_argument(
+        "--sample-size",
+        type=int,
+        default=5000,
+        metavar="K",
+        help="query tokens sampled uniformly per path for the violins (medians use every token)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the violins' token sample")
     parser.add_argument("--dpi", type=int, default=100, help="resolution of the PNG figures")
     return parser
 
 
 def check_args(args) -> None:
-    for flag, (low, high) in (("--entropy-thresholds", args.entropy_thresholds), ("--jsd-thresholds", args.jsd_thresholds)):
+    for flag, (low, high) in (
+        ("--entropy-thresholds", args.entropy_thresholds),
+        ("--jsd-thresholds", args.jsd_thresholds),
+    ):
         if not low < high:
             raise RealformerConfigError(f"{flag} {low:g} {high:g}: LOW must be smaller than HIGH")
     for flag in ("max_sentences", "max_tokens", "sample_size", "dpi"):
@@ -133,10 +174,14 @@ def load_model(path: str, args, use_cuda: bool):
     except FileNotFoundError as e:
         raise RealformerConfigError(f"checkpoint {path} on {args.data}: {e}") from None
     except Exception as e:  # e.g. a language pair that cannot be inferred
-        raise RealformerConfigError(f"checkpoint {path}: its task cannot be set up on {args.data} ({_first_line(e)})") from None
+        raise RealformerConfigError(
+            f"checkpoint {path}: its task cannot be set up on {args.data} ({_first_line(e)})"
+        ) from None
     check_dictionaries(path, state["model"], task)
     try:
-        models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides, task=task, state=state)
+        models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+            [path], arg_overrides=overrides, task=task, state=state
+        )
     except Exception as e:  # an unregistered model, parameters that do not fit, ...
         raise RealformerConfigError(f"checkpoint {path} cannot be loaded ({_first_line(e)})") from None
     model = models[0].eval()
@@ -169,7 +214,9 @@ def load_split(path: str, task, split: str):
     except FileNotFoundError:
         raise RealformerConfigError(f"{data} has no split {split!r} for {pair} (--gen-subset)") from None
     except Exception as e:  # a task configuration the checkpoint lacks, an unreadable file, ...
-        raise RealformerConfigError(f"checkpoint {path}: split {split!r} of {data} cannot be loaded ({_first_line(e)})") from None
+        raise RealformerConfigError(
+            f"checkpoint {path}: split {split!r} of {data} cannot be loaded ({_first_line(e)})"
+        ) from None
     dataset = task.dataset(split)
     if getattr(dataset, "tgt", None) is None:
         raise RealformerConfigError(
@@ -184,14 +231,17 @@ def batches(dataset, model, args, use_cuda: bool):
     count = len(dataset) if args.max_sentences is None else min(args.max_sentences, len(dataset))
     indices, too_long = dataset.filter_indices_by_size(np.arange(count, dtype=np.int64), model.max_positions())
     if len(too_long):
-        print(f"{PROG}: warning: {len(too_long)} sentences longer than the model's positions are left out",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG}: warning: {len(too_long)} sentences longer than the model's positions are left out",
+            file=sys.stderr,
+        )
     if len(indices) == 0:
         raise RealformerConfigError(f"no sentence of split {args.gen_subset!r} can be analysed")
     indices = indices[np.argsort(dataset.num_tokens_vec(indices), kind="stable")]
     try:
-        groups = data_utils.batch_by_size(indices, dataset.num_tokens, dataset.num_tokens_vec(indices).astype(np.int64),
-                                          max_tokens=args.max_tokens)  # fmt: skip
+        groups = data_utils.batch_by_size(
+            indices, dataset.num_tokens, dataset.num_tokens_vec(indices).astype(np.int64), max_tokens=args.max_tokens
+        )
     except (AssertionError, ValueError) as e:
         raise RealformerConfigError(f"--max-tokens {args.max_tokens}: {_first_line(e)}") from None
 
@@ -210,19 +260,25 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool) -> ModelAtte
     started = time.perf_counter()
     # a progress bar on a terminal; none in logs (disable=None)
     with tqdm(total=count, unit="sent", desc=label, file=sys.stderr, disable=None, leave=False) as bar:
-        paths = measure(model, samples, unit=args.entropy_unit, sample_size=args.sample_size, seed=args.seed,
-                        progress=bar.update)  # fmt: skip
-    print(f"{PROG}: {label}: {count} sentences of {args.gen_subset!r} in {time.perf_counter() - started:.1f} s",
-          file=sys.stderr)  # fmt: skip
-    return ModelAttention(checkpoint=path, label=label, data=args.data, split=args.gen_subset, sentences=count,
-                          paths=paths)  # fmt: skip
+        paths = measure(
+            model, samples, unit=args.entropy_unit, sample_size=args.sample_size, seed=args.seed, progress=bar.update
+        )
+    print(
+        f"{PROG}: {label}: {count} sentences of {args.gen_subset!r} in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+    )
+    return ModelAttention(
+        checkpoint=path, label=label, data=args.data, split=args.gen_subset, sentences=count, paths=paths
+    )
 
 
 def summary_table(results: Sequence[ModelAttention], unit: str) -> str:
     """Per model, path and layer: the median over all its tokens and heads, and the range of
     its heads' medians."""
-    lines = [f"entropy in {unit}, JSD in bits between layer L-1 and L; median over tokens and heads "
-             f"[lowest .. highest head median]; medians within ±{RESOLUTION / 2:g}"]  # fmt: skip
+    lines = [
+        f"entropy in {unit}, JSD in bits between layer L-1 and L; median over tokens and heads "
+        f"[lowest .. highest head median]; medians within ±{RESOLUTION / 2:g}"
+    ]
     header = f"  {'path':<8} {'layer':>5}  {'entropy':<26} JSD"
     for result in results:
         lines += ["", f"{result.label}: {_on_what(result)}", header]
@@ -284,22 +340,28 @@ def draw(results: Sequence[ModelAttention], args) -> List[str]:
             # the top of the axis: uniform attention over the most keys a token saw
             entropy_max = 1.05 * math.log(max(2, stats.most_keys)) / math.log(ENTROPY_UNITS[unit])
             fig = figures.violin_grid(
-                stats.entropy_sample.numpy(), stats.entropy.median().numpy(),
+                stats.entropy_sample.numpy(),
+                stats.entropy.median().numpy(),
                 row_labels=[f"layer {n}" for n in range(1, stats.layers + 1)],
-                thresholds=args.entropy_thresholds, quantity="entropy", unit=unit,
+                thresholds=args.entropy_thresholds,
+                quantity="entropy",
+                unit=unit,
                 title=f"Attention entropy per token: {PATH_TITLES[path]}\n{about}",
                 y_max=entropy_max,
-            )  # fmt: skip
+            )
             written += figures.save(fig, f"{stem}.{path}.entropy", args.dpi)
             if stats.layers < 2:
                 continue
             fig = figures.violin_grid(
-                stats.jsd_sample.numpy(), stats.jsd.median().numpy(),
+                stats.jsd_sample.numpy(),
+                stats.jsd.median().numpy(),
                 row_labels=[f"layers {n}-{n + 1}" for n in range(1, stats.layers)],
-                thresholds=args.jsd_thresholds, quantity="JSD", unit="bits",
+                thresholds=args.jsd_thresholds,
+                quantity="JSD",
+                unit="bits",
                 title=f"JSD per token between head i of layers L-1 and L\n{PATH_TITLES[path]}\n{about}",
                 y_max=1.05,
-            )  # fmt: skip
+            )
             written += figures.save(fig, f"{stem}.{path}.jsd", args.dpi)
     if len(results) > 1:
         fig = figures.comparison(

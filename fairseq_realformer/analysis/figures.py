@@ -9,6 +9,7 @@
 
 Built on matplotlib's object API (no pyplot), so nothing depends on or changes a global backend.
 """
+
 from typing import Dict, List, Sequence, Tuple
 
 from matplotlib.figure import Figure
@@ -58,15 +59,19 @@ def violin_grid(
     for row, ax in enumerate(axes):
         order = sorted(range(heads), key=lambda h: medians[row, h])
         positions = range(1, heads + 1)
-        parts = ax.violinplot([values[row, :, h] for h in order], positions, widths=0.8,
-                              showextrema=False)  # fmt: skip
+        parts = ax.violinplot([values[row, :, h] for h in order], positions, widths=0.8, showextrema=False)
         for body, h in zip(parts["bodies"], order):
             body.set_facecolor(COLOURS[band(medians[row, h], thresholds)])
             body.set_edgecolor(MEDIAN_COLOUR)
             body.set_linewidth(0.5)
             body.set_alpha(0.9)
-        ax.hlines([medians[row, h] for h in order], [p - 0.3 for p in positions], [p + 0.3 for p in positions],
-                  colors=MEDIAN_COLOUR, linewidth=1.2)  # fmt: skip
+        ax.hlines(
+            [medians[row, h] for h in order],
+            [p - 0.3 for p in positions],
+            [p + 0.3 for p in positions],
+            colors=MEDIAN_COLOUR,
+            linewidth=1.2,
+        )
         ax.set_xticks(list(positions), [f"h{h + 1}" for h in order], fontsize=8)
         ax.set_xlim(0.4, heads + 0.6)
         ax.set_ylim(0, y_max)
@@ -114,8 +119,13 @@ def comparison(
     for ax in axes[0]:
         ax.set_ylim(0, top_max * 1.1 + 1e-3)
     fig.suptitle(title, fontsize=11)
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncol=min(len(labels), 4),
-               fontsize=9, frameon=False)  # fmt: skip
+    fig.legend(
+        *axes[0, 0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncol=min(len(labels), 4),
+        fontsize=9,
+        frameon=False,
+    )
     return fig
 
 

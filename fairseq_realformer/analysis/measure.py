@@ -1,4 +1,5 @@
 """Run a model teacher-forced over batches and measure the attention of its three paths."""
+
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Optional
 

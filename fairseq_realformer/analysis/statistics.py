@@ -14,6 +14,7 @@ medians within ±0.0005 of the exact ones (every value is rounded to the nearest
 0.001 before counting, which keeps the order of values), and one uniform random sample of query
 tokens per path (the same tokens for every layer and head) feeds the violins.
 """
+
 import math
 from typing import List, Tuple
 

@@ -12,6 +12,7 @@ it does alone, but for what the model itself needs (``fairseq_patches``: checkpo
 ``torch.load(weights_only=True)``, ADMIN's ω are set after fairseq-train loads its checkpoint).
 The plugin's own errors are then tracebacks, and ``--bf16`` is fairseq's TPU run.
 """
+
 import importlib
 import os
 import sys
@@ -55,38 +56,57 @@ class Fix:
 
 # In the order they are installed: of the fixes of one function, the later wraps the earlier.
 FIXES = (
-    Fix(keep_last_batch, "fairseq.data.data_utils.batch_by_size",
-        ("fairseq.data.fairseq_dataset.FairseqDataset.batch_by_size",)),
-    Fix(name_missing_checkpoints, "fairseq.checkpoint_utils.load_model_ensemble_and_task",
-        ("fairseq.checkpoint_utils.load_model_ensemble", "fairseq.hub_utils.from_pretrained")),
-    Fix(name_missing_folders, "fairseq.hub_utils.from_pretrained",
-        ("fairseq.models.fairseq_model.BaseFairseqModel.from_pretrained",)),
+    Fix(
+        keep_last_batch,
+        "fairseq.data.data_utils.batch_by_size",
+        ("fairseq.data.fairseq_dataset.FairseqDataset.batch_by_size",),
+    ),
+    Fix(
+        name_missing_checkpoints,
+        "fairseq.checkpoint_utils.load_model_ensemble_and_task",
+        ("fairseq.checkpoint_utils.load_model_ensemble", "fairseq.hub_utils.from_pretrained"),
+    ),
+    Fix(
+        name_missing_folders,
+        "fairseq.hub_utils.from_pretrained",
+        ("fairseq.models.fairseq_model.BaseFairseqModel.from_pretrained",),
+    ),
     Fix(name_missing_finetune_model, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(refuse_missing_restore_file, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(restart_wall_clock, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(copy_checkpoints_whole, "fairseq.file_io.PathManager.copy", ("fairseq.checkpoint_utils.save_checkpoint",)),
     Fix(check_precision, "fairseq.trainer.Trainer.__init__", ("fairseq_cli.train.main",)),
-    Fix(bf16_without_tpu, "fairseq.distributed.utils.call_main",
-        ("fairseq_cli.train.cli_main", "fairseq_cli.interactive.cli_main")),
+    Fix(
+        bf16_without_tpu,
+        "fairseq.distributed.utils.call_main",
+        ("fairseq_cli.train.cli_main", "fairseq_cli.interactive.cli_main"),
+    ),
     Fix(translate_in_bf16, "fairseq_cli.generate.main", ("fairseq_cli.generate.cli_main",)),
     Fix(translate_in_bf16, "fairseq_cli.interactive.main", ("fairseq_cli.interactive.cli_main",)),
-    Fix(hub_generates_in_bf16, "fairseq.hub_utils.GeneratorHubInterface.generate",
-        ("fairseq.hub_utils.GeneratorHubInterface.sample",)),
+    Fix(
+        hub_generates_in_bf16,
+        "fairseq.hub_utils.GeneratorHubInterface.generate",
+        ("fairseq.hub_utils.GeneratorHubInterface.sample",),
+    ),
     # every module's __call__ looks forward up on its class: no call site to check
     Fix(fast_dropout_in_bf16, "fairseq.modules.fairseq_dropout.FairseqDropout.forward"),
-    Fix(log_softmax_from_bf16, "fairseq.utils.log_softmax",
-        ("fairseq.models.fairseq_decoder.FairseqDecoder.get_normalized_probs_scriptable",)),
+    Fix(
+        log_softmax_from_bf16,
+        "fairseq.utils.log_softmax",
+        ("fairseq.models.fairseq_decoder.FairseqDecoder.get_normalized_probs_scriptable",),
+    ),
     Fix(remember_new_save_dir, "fairseq.checkpoint_utils.verify_checkpoint_directory", ("fairseq_cli.train.main",)),
     Fix(one_line_errors, "sys.excepthook"),  # the interpreter calls it: no call site to check
-)  # fmt: skip
+)
 
 
 def enabled() -> bool:
     """The fixes are wanted: ``REALFORMER_FAIRSEQ_FIXES`` is unset or 1 (0: none of them)."""
     value = os.environ.get(SWITCH) or "1"
     if value not in ("0", "1"):
-        raise RealformerConfigError(f"{SWITCH}={value}: 1 (the default) installs the plugin's fixes to fairseq, "
-                                    f"0 none of them")  # fmt: skip
+        raise RealformerConfigError(
+            f"{SWITCH}={value}: 1 (the default) installs the plugin's fixes to fairseq, 0 none of them"
+        )
     return value == "1"
 
 

@@ -1,4 +1,5 @@
 """fairseq's batching drops the last batch of a split."""
+
 import functools
 
 import numpy as np

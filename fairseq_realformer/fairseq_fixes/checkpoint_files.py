@@ -2,6 +2,7 @@
 traceback, or do not stop at all: each is named in one line instead. What is wrong with a
 checkpoint file, and how it is said, is ``checkpoints``'s (damaged files are named by its loader,
 ``checkpoints.guarded``, which ``fairseq_patches`` installs)."""
+
 import functools
 import inspect
 import os
@@ -62,7 +63,9 @@ def name_missing_checkpoints(load_model_ensemble_and_task):
     def load_naming_missing_checkpoints(*args, **kwargs):
         call = signature.bind(*args, **kwargs)
         call.apply_defaults()
-        filenames, suffix, num_shards = (call.arguments.get(k, d) for k, d in (("filenames", []), ("suffix", ""), ("num_shards", 1)))  # fmt: skip
+        filenames, suffix, num_shards = (
+            call.arguments.get(k, d) for k, d in (("filenames", []), ("suffix", ""), ("num_shards", 1))
+        )
         for filename in filenames:
             for shard in range(num_shards):
                 path = checkpoint_utils.get_maybe_sharded_checkpoint_filename(filename, suffix, shard, num_shards)

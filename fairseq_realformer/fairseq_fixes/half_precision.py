@@ -4,6 +4,7 @@ torch_xla (fairseq's TPU run) is bfloat16 mixed precision on a CPU or a GPU, in 
 fairseq-generate, fairseq-interactive and the hub. What bf16 mixed precision is (its autocast,
 its refusals, its faster dropout masks and vocabulary ``log_softmax`` on a CPU) is the plugin's
 ``precision`` module; the fixes here only enter it where fairseq would not."""
+
 import functools
 from typing import Optional
 
@@ -22,8 +23,15 @@ def half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:
         return precision.problem(common)
     if common.tpu:  # fairseq's --bf16 with torch_xla: its TPU run
         return None
-    flags = [flag for flag, on in (("--memory-efficient-fp16", common.memory_efficient_fp16), ("--fp16", common.fp16),
-                                   ("--amp", common.amp)) if on]  # fmt: skip
+    flags = [
+        flag
+        for flag, on in (
+            ("--memory-efficient-fp16", common.memory_efficient_fp16),
+            ("--fp16", common.fp16),
+            ("--amp", common.amp),
+        )
+        if on
+    ]
     if not flags or (cuda and not common.cpu):
         return None
     why = "--cpu trains on the CPU" if cuda else "torch sees none on this machine"

@@ -1,5 +1,6 @@
 """Mistakes a user fixes by changing a flag or a file end the process with one line, and take
 back the save dir fairseq-train made for the run while it is still empty."""
+
 import argparse
 import functools
 import sys

@@ -1,4 +1,5 @@
 """A resumed fairseq-train's wall clock stays at 0."""
+
 import functools
 
 

@@ -3,6 +3,7 @@ size, so flags given on the command line win and the numbers read as fairseq's, 
 checking every plugin flag (fairseq runs it while parsing: a mistake is refused before anything is
 built or written). Depth comes from ``--encoder-layers/--decoder-layers`` (the paper's 6L-6L,
 12L-12L, 18L-18L, 60L-12L)."""
+
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer import (
     transformer_iwslt_de_en,

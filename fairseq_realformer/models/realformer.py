@@ -5,12 +5,12 @@ attention), on any backbone of ``modules.backbones.BACKBONES``.
 With ``--residual-attention-paths none`` and ``--backbone post-ln`` (or ``pre-ln``) it is
 fairseq's ``transformer``: same modules, same parameter names, same outputs.
 """
+
 from contextvars import ContextVar
 from typing import Dict, List, Optional
 
 import torch
 from fairseq.distributed import fsdp_wrap
-from fairseq.modules import LayerNorm
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerDecoderBase,
@@ -18,6 +18,7 @@ from fairseq.models.transformer import (
     TransformerModel,
     base_architecture,
 )
+from fairseq.modules import LayerNorm
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -129,9 +130,7 @@ class RealformerEncoder(TransformerEncoderBase):
                 encoder_states.append(x)
         x = _stack_output(self, x, carry)
 
-        src_lengths = (
-            src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
-        )
+        src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         return {
             "encoder_out": [x],  # T x B x C
             "encoder_padding_mask": [encoder_padding_mask],  # B x T

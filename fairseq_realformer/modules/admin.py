@@ -27,6 +27,7 @@ The last two set ω from data: the model is built with ω = 1 and a pending stat
 user's own training loop make before building the optimizer — sets them once. Optimizers that
 keep their own copy of the parameters (fairseq's --fp16) would otherwise overwrite the new ω.
 """
+
 import logging
 import math
 import os
@@ -224,12 +225,15 @@ def read_clinic_profile(path: str, encoder_layers: int, decoder_layers: int) -> 
             if len(row) != 2:
                 raise ValueError
         except (ValueError, IndexError):
-            raise RealformerConfigError(f"{flag} {path}: line {number} is not 'index ratio': {' '.join(row)!r}") from None
+            raise RealformerConfigError(
+                f"{flag} {path}: line {number} is not 'index ratio': {' '.join(row)!r}"
+            ) from None
         if index == 1:
             runs.append([])
         if not runs or index != len(runs[-1]) + 1:
-            raise RealformerConfigError(f"{flag} {path}: line {number} has sublayer index {index}, "
-                                        f"expected {len(runs[-1]) + 1 if runs else 1}")  # fmt: skip
+            raise RealformerConfigError(
+                f"{flag} {path}: line {number} has sublayer index {index}, expected {len(runs[-1]) + 1 if runs else 1}"
+            )
         runs[-1].append(ratio)
     want = (per_layer("encoder") * encoder_layers, per_layer("decoder") * decoder_layers)
     have = tuple(len(r) for r in runs)
@@ -240,4 +244,3 @@ def read_clinic_profile(path: str, encoder_layers: int, decoder_layers: int) -> 
             f"({counts_per_layer()})"
         )
     return runs[0], runs[1]
-

@@ -13,6 +13,7 @@ FFN) wraps its input x, where the LayerNorms are, what is initialised, and the s
 ``options`` (flags, checks), ``layers`` (the sublayers' wiring) and ``admin`` read these entries;
 a new backbone is one new entry of ``BACKBONES``.
 """
+
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
@@ -161,26 +162,35 @@ BACKBONES = {
     "post-ln": Backbone("LN(x + f(x))", "after", join_sum),
     "pre-ln": Backbone("x + f(LN(x))", "before", join_sum),
     "admin": Backbone(
-        "LN(x*omega + f(x)), omega a trainable per-channel vector (Liu et al. 2020)", "after", join_scaled_residual,
+        "LN(x*omega + f(x)), omega a trainable per-channel vector (Liu et al. 2020)",
+        "after",
+        join_scaled_residual,
         weight=SublayerWeight("omega", per_channel=True, initial=initial_omega, from_data=True),
     ),
     "deepnorm": Backbone(
-        "LN(alpha*x + f(x)) with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)", "after",
-        join_alpha_residual, init_layer=_deepnorm_init_layer,
+        "LN(alpha*x + f(x)) with DeepNet's alpha and beta-scaled initialisation (Wang et al. 2022)",
+        "after",
+        join_alpha_residual,
+        init_layer=_deepnorm_init_layer,
     ),
     "rezero": Backbone(
-        "x + alpha*f(x), alpha a trainable scalar initialised to 0, no LayerNorm (Bachlechner et al. 2020)", None,
+        "x + alpha*f(x), alpha a trainable scalar initialised to 0, no LayerNorm (Bachlechner et al. 2020)",
+        None,
         join_scaled_branch,  # every layer starts as the identity
         weight=SublayerWeight("resweight", per_channel=False, initial=lambda options, layers, side: 0.0),
     ),
     "t-fixup": Backbone(
-        "x + f(x), no LayerNorm, T-Fixup's depth-scaled initialisation (Huang et al. 2020)", None, join_sum,
-        init_layer=_tfixup_init_layer, init_embeddings=_tfixup_init_embeddings,
+        "x + f(x), no LayerNorm, T-Fixup's depth-scaled initialisation (Huang et al. 2020)",
+        None,
+        join_sum,
+        init_layer=_tfixup_init_layer,
+        init_embeddings=_tfixup_init_embeddings,
     ),
     "resi-dual": Backbone(
-        "LN(x + f(x)) beside a dual stream d + f(x) from the embedded input; stack output x + LN(d) "
-        "(Xie et al. 2023)", "after", join_sum,
+        "LN(x + f(x)) beside a dual stream d + f(x) from the embedded input; stack output x + LN(d) (Xie et al. 2023)",
+        "after",
+        join_sum,
         # eps as microsoft/ResiDual's stack LayerNorm
         stack_stream=StackStream("d <- d + f(x), d_0 = the embedded input; output x + LN(d)", layer_norm_eps=1e-7),
     ),
-}  # fmt: skip
+}

@@ -11,6 +11,7 @@ path through ``ResidualMultiheadAttention``; off the path through ``PlainMultihe
 fairseq's own module (fused SDPA path included, so a path that is switched off costs nothing),
 which carries nothing. Both answer ``Attended``.
 """
+
 from collections import namedtuple
 from typing import Dict, Optional
 
@@ -38,6 +39,7 @@ from .sublayers import (
 # nothing keeps ``Carried()``), and ``carry.stream``, the backbone's stack-level stream (ResiDual's
 # d; None on the other backbones).
 Carry = namedtuple("Carry", (*PATHS, "stream"), defaults=(*(Carried(),) * len(PATHS), None))
+NOTHING_CARRIED = Carry()  # what a stack's first layer receives
 
 
 @torch.no_grad()
@@ -102,8 +104,9 @@ class _Backbone:
         fairseq's build method for that sublayer (*kwargs*, and the three it takes from *cfg* and
         the layer), so that its parameters and their initialisation are fairseq's."""
         options, path = self.options, sublayer.path
-        kwargs.update(dropout=cfg.attention_dropout, q_noise=self.quant_noise,
-                      qn_block_size=self.quant_noise_block_size)  # fmt: skip
+        kwargs.update(
+            dropout=cfg.attention_dropout, q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size
+        )
         if path not in options.paths | options.value_paths:
             return PlainMultiheadAttention(embed_dim, heads, **kwargs)
         value_mix = options.value_mix if path in options.value_paths else None
@@ -132,8 +135,9 @@ class _Backbone:
         x = self.backbone.join(x, residual, weight)
         return (layer_norm(x) if self.normalize_after else x), carry
 
-    def _attention_sublayer(self, x: Tensor, sublayer: Sublayer, carry: Carry, depth: int,
-                            key_value: Optional[Tensor] = None, **kwargs):  # fmt: skip
+    def _attention_sublayer(
+        self, x: Tensor, sublayer: Sublayer, carry: Carry, depth: int, key_value: Optional[Tensor] = None, **kwargs
+    ):
         """One attention sublayer on its score path, pre → attend → post. Self-attention when
         *key_value* is None. Returns (x, attention weights if asked for, *carry* with what this
         path hands on)."""
@@ -141,8 +145,9 @@ class _Backbone:
         residual = x
         x = self._pre(x, layer_norm)
         key_value = x if key_value is None else key_value
-        x, weights, carried = attention(query=x, key=key_value, value=key_value, **kwargs,
-                                        carried=getattr(carry, sublayer.path), depth=depth)  # fmt: skip
+        x, weights, carried = attention(
+            query=x, key=key_value, value=key_value, **kwargs, carried=getattr(carry, sublayer.path), depth=depth
+        )
         carry = carry._replace(**{sublayer.path: carried})
         x, carry = self._post(x, residual, sublayer, layer_norm, carry)
         return x, weights, carry
@@ -170,27 +175,34 @@ class RealformerEncoderLayer(_Backbone, TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
         # fairseq's arguments (TransformerEncoderLayerBase.build_self_attention), our module
         return self._build_attention(
-            cfg, ENCODER_SELF_ATTENTION, embed_dim, cfg.encoder.attention_heads,
-            self_attention=True, xformers_att_config=cfg.encoder.xformers_att_config,
-        )  # fmt: skip
+            cfg,
+            ENCODER_SELF_ATTENTION,
+            embed_dim,
+            cfg.encoder.attention_heads,
+            self_attention=True,
+            xformers_att_config=cfg.encoder.xformers_att_config,
+        )
 
     def forward(
         self,
         x: Tensor,
         encoder_padding_mask: Optional[Tensor],
         attn_mask: Optional[Tensor] = None,
-        carry: Carry = Carry(),
+        carry: Carry = NOTHING_CARRIED,
         depth: int = 1,
     ):
         """Returns ``(x, carry)``: the layer output and what it hands the next layer."""
         if attn_mask is not None:  # as fairseq: 1 = masked, as a large finite negative
-            attn_mask = attn_mask.masked_fill(
-                attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
-            )
+            attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
         x, _, carry = self._attention_sublayer(
-            x, ENCODER_SELF_ATTENTION, carry, depth,
-            key_padding_mask=encoder_padding_mask, need_weights=False, attn_mask=attn_mask,
-        )  # fmt: skip
+            x,
+            ENCODER_SELF_ATTENTION,
+            carry,
+            depth,
+            key_padding_mask=encoder_padding_mask,
+            need_weights=False,
+            attn_mask=attn_mask,
+        )
         return self._feed_forward(x, carry)
 
 
@@ -214,18 +226,28 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         # fairseq's arguments (TransformerDecoderLayerBase.build_self_attention; self-attention
         # only: --cross-self-attention is refused by options), our module
         return self._build_attention(
-            cfg, DECODER_SELF_ATTENTION, embed_dim, cfg.decoder.attention_heads,
-            add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, self_attention=True,
+            cfg,
+            DECODER_SELF_ATTENTION,
+            embed_dim,
+            cfg.decoder.attention_heads,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            self_attention=True,
             xformers_att_config=cfg.decoder.xformers_att_config,
-        )  # fmt: skip
+        )
 
     def build_encoder_attention(self, embed_dim, cfg):
         # fairseq's arguments (TransformerDecoderLayerBase.build_encoder_attention), our module
         return self._build_attention(
-            cfg, CROSS_ATTENTION, embed_dim, cfg.decoder.attention_heads,
-            kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, encoder_decoder_attention=True,
+            cfg,
+            CROSS_ATTENTION,
+            embed_dim,
+            cfg.decoder.attention_heads,
+            kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim,
+            encoder_decoder_attention=True,
             xformers_att_config=cfg.encoder.xformers_att_config,
-        )  # fmt: skip
+        )
 
     def forward(
         self,
@@ -237,23 +259,35 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor] = None,
         need_attn: bool = False,
         need_head_weights: bool = False,
-        carry: Carry = Carry(),
+        carry: Carry = NOTHING_CARRIED,
         depth: int = 1,
     ):
         """Returns ``(x, attn, carry)``; attn as fairseq's decoder layer (cross-attention
         probabilities when asked for), carry what this layer hands the next."""
         need_attn = need_attn or need_head_weights
         x, _, carry = self._attention_sublayer(
-            x, DECODER_SELF_ATTENTION, carry, depth,
-            key_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
-            need_weights=False, attn_mask=self_attn_mask,
-        )  # fmt: skip
+            x,
+            DECODER_SELF_ATTENTION,
+            carry,
+            depth,
+            key_padding_mask=self_attn_padding_mask,
+            incremental_state=incremental_state,
+            need_weights=False,
+            attn_mask=self_attn_mask,
+        )
         attn = None
         if self.encoder_attn is not None and encoder_out is not None:
             x, attn, carry = self._attention_sublayer(
-                x, CROSS_ATTENTION, carry, depth, key_value=encoder_out, key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state, static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn), need_head_weights=need_head_weights,
-            )  # fmt: skip
+                x,
+                CROSS_ATTENTION,
+                carry,
+                depth,
+                key_value=encoder_out,
+                key_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state,
+                static_kv=True,
+                need_weights=need_attn or (not self.training and self.need_attn),
+                need_head_weights=need_head_weights,
+            )
         x, carry = self._feed_forward(x, carry)
         return x, attn, carry

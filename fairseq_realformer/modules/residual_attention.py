@@ -38,6 +38,7 @@ A layer calls one of two modules per attention sublayer, the same way:
 (fairseq's own) where it carries nothing. Both take what the path carried (``Carried``) and answer
 ``Attended``.
 """
+
 from typing import Dict, NamedTuple, Optional
 
 import torch
@@ -46,7 +47,6 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from ..errors import RealformerConfigError
-
 
 # Attention computing in these dtypes carries S_n and V_1 in float32: a deep running sum can overflow
 # float16's 65504, and bfloat16's 8-bit mantissa doubles the error of S_18 against float32
@@ -118,8 +118,16 @@ class PlainMultiheadAttention(MultiheadAttention):
     ``ResidualMultiheadAttention`` does, so that a layer calls either the same way; the
     parameters, their names and their initialisation are fairseq's."""
 
-    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor], *,
-                carried: Carried = Carried(), depth: int = 1, **kwargs) -> Attended:  # fmt: skip
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        *,
+        carried: Carried = Carried(),
+        depth: int = 1,
+        **kwargs,
+    ) -> Attended:
         """fairseq's ``forward`` (keyword arguments as its), answering ``Attended``. *carried*
         (empty on a path that carries nothing) and *depth* are taken, as the residual module
         takes them, and not used."""
@@ -143,13 +151,20 @@ class ResidualMultiheadAttention(MultiheadAttention):
         Other arguments as for fairseq's ``MultiheadAttention``.
     """
 
-    def __init__(self, embed_dim, num_heads, *, residual_scores: bool = True, running_mean: bool = False,
-                 value_mix: Optional[str] = None, value_gate: bool = False, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        *,
+        residual_scores: bool = True,
+        running_mean: bool = False,
+        value_mix: Optional[str] = None,
+        value_gate: bool = False,
+        **kwargs,
+    ):
         for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):
             if kwargs.get(unsupported):
-                raise RealformerConfigError(
-                    f"residual attention does not support {unsupported.replace('_', '-')}"
-                )
+                raise RealformerConfigError(f"residual attention does not support {unsupported.replace('_', '-')}")
         super().__init__(embed_dim, num_heads, **kwargs)
         self.residual_scores = residual_scores
         self.running_mean = running_mean and residual_scores

@@ -10,6 +10,7 @@ LayerNorms its ``*_layer_norm``; a per-sublayer parameter is named ``<sublayer>_
 (``ffn_omega``, ``encoder_attn_resweight``). These are state-dict names: checkpoints of every
 earlier version load by them (``tests/test_compat.py``).
 """
+
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -54,5 +55,5 @@ def per_layer(side: str) -> int:
 
 
 def counts_per_layer() -> str:
-    """"2 per encoder layer, 3 per decoder layer", for messages."""
+    """ "2 per encoder layer, 3 per decoder layer", for messages."""
     return ", ".join(f"{per_layer(side)} per {side} layer" for side in SUBLAYERS)
