@@ -4,6 +4,7 @@ corpus."""
 import importlib.util
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -135,9 +136,17 @@ def cli_error(capsys, main, *argv):
 
 
 def popen(program, *args, cwd):
-    """Start *program* as ``run`` does, without waiting; stderr goes into stdout."""
+    """Start *program* as ``run`` does, without waiting; stderr goes into stdout. Ctrl-C (SIGINT)
+    reaches it as a user's would: a suite started in the background by a shell (``cmd &``) ignores
+    SIGINT, and a child inherits that, so it is set back to the default for the program."""
     return subprocess.Popen(
-        command(program, *args), cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command(program, *args),
+        cwd=cwd,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
