@@ -407,7 +407,7 @@ def sweep_table(runs, variants, lrs, what, best=None):
             r = by_key.get((variant, lr, seed))
             star = " ★" if best and best.get(variant) == lr else ""
             if r is None:
-                cells = ["not run yet"] + ["—"] * len(test_names) + ["—", "—"]
+                cells = ["not finished yet"] + ["—"] * len(test_names) + ["—", "—"]
             elif r.get("diverged"):
                 where = r["diverged"]
                 cells = (
@@ -564,7 +564,7 @@ def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None):
     ticks = sorted({*lrs, *(r["lr"] for r in (beside[0] if beside else ()))})
     ax.set_xticks(ticks, [f"{lr:g}" for lr in ticks])
     ax.minorticks_off()
-    ax.set_ylim(bottom=-1)
+    ax.set_ylim(-1, ax.get_ylim()[1] + 2)  # room above the best point, and the diverged marks at 0
     ax.set_xlabel("peak learning rate (log scale)")
     ax.set_ylabel(f"test sacreBLEU ({test_name})")
     ax.set_title(f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(what, 85)}", fontsize=10)
