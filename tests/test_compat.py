@@ -121,7 +121,8 @@ def test_old_pre_ln_checkpoint_translates_identically_in_interactive(work):
 
 def test_old_admin_checkpoint_resumes_training_exactly(work):
     """--restore-file (checkpoint_last.pt of the save dir): the ω profiled by 0.1.0 are kept,
-    nothing is profiled again, and the next updates' losses are 0.1.0's."""
+    nothing is profiled again, and the next updates' losses are 0.1.0's, on the batches of the run
+    the checkpoint came from (the README there says how they were made)."""
     expected = EXPECTED["admin-profile"]
     result = run(
         "fairseq-train",

@@ -166,3 +166,41 @@ def test_a_checkpoint_copy_stopped_half_way_leaves_the_old_file_whole(tmp_path):
     assert "copy_checkpoints_whole" in " ".join(installed(PathManager.copy))
     assert PathManager.copy(str(new), str(last), overwrite=True)
     assert last.read_bytes() == new.read_bytes() and not (tmp_path / "checkpoint_last.pt.partial").exists()
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["plugin", "fairseq alone"])
+def test_a_run_resumed_mid_epoch_trains_that_epoch_on_every_sentence_once(fixed):
+    """A run stopped after 2 updates of epoch 2 (``--save-interval-updates``) and resumed: fairseq
+    skips the 2 batches it trained, then serves the rest of the epoch. With the plugin these are
+    the uninterrupted run's batches, so the epoch holds every sentence once; fairseq alone builds
+    the resumed run's batches anew (seeded by the epoch it resumes at), so the skipped count lands
+    elsewhere and sentences repeat while others are never seen that epoch."""
+    from fairseq import options, tasks
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    from .test_compat import FIXTURES
+
+    get_batch_iterator = FairseqTask.get_batch_iterator if fixed else FairseqTask.get_batch_iterator.__wrapped__
+
+    def iterator(epoch):  # a new process's task, as fairseq-train makes it (seed 1, 1000 tokens)
+        args = options.parse_args_and_arch(
+            options.get_training_parser(), [str(FIXTURES / "bin"), "--arch", "transformer", "--seed", "1"]
+        )
+        task = tasks.setup_task(args)
+        task.load_dataset("train")
+        dataset = task.dataset("train")
+        return dataset, get_batch_iterator(task, dataset, max_tokens=1000, seed=1, epoch=epoch)
+
+    dataset, uninterrupted = iterator(1)
+    for _ in uninterrupted.next_epoch_itr():  # epoch 1
+        pass
+    epoch_2 = uninterrupted.next_epoch_itr()
+    trained = [i for _ in range(2) for i in next(epoch_2)["id"].tolist()]  # then the run stops
+
+    _, resumed = iterator(2)  # checkpoint_utils.load_checkpoint: get_train_iterator(epoch=2), then the state
+    resumed.load_state_dict({"version": 2, "epoch": 2, "iterations_in_epoch": 2, "shuffle": True})
+    rest = resumed.next_epoch_itr()
+    assert rest.n == 2 and resumed.epoch == 2
+    trained += [i for batch in rest for i in batch["id"].tolist()]
+    every_sentence_once = sorted(trained) == list(range(len(dataset)))
+    assert every_sentence_once if fixed else not every_sentence_once

@@ -1,14 +1,16 @@
-"""Loaded, the plugin changes nothing for fairseq's own models: a stock ``transformer`` trained
-(with EMA), resumed, fine-tuned (``--finetune-from-model``, EMA seeded from a checkpoint) and
-averaged gives the same losses, checkpoints and translations with ``--user-dir`` as with fairseq
-alone.
+"""Loaded, the plugin changes nothing for fairseq's own models but its deliberate fixes: a stock
+``transformer`` trained (with EMA), resumed, fine-tuned (``--finetune-from-model``, EMA seeded from
+a checkpoint) and averaged gives the same losses, checkpoints and translations with ``--user-dir``
+as with fairseq alone, where fairseq's run is right.
 
 fairseq alone cannot load a checkpoint on torch >= 2.6 (``weights_only``): its runs get
 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, the plugin's run without it. Of the plugin's deliberate
-differences (``fairseq_fixes``), the one such a run meets, keeping the tail of a split that
-fairseq's batching drops (``keep_last_batch``), shows in fairseq-generate on the 21 test
-sentences; fairseq's training and validation batches hold every sentence of this corpus, which the
-tests check too.
+differences (``fairseq_fixes``), such a run meets two. Keeping the tail of a split that fairseq's
+batching drops (``keep_last_batch``) shows in fairseq-generate on the 21 test sentences; fairseq's
+training and validation batches hold every sentence of this corpus, which the tests check too.
+Resuming on the batches of the run it continues (``same_batches_after_resuming``) shows in the
+resumed epoch: with the plugin it is fairseq's uninterrupted run's, bit for bit; fairseq alone
+trains it on other batches.
 """
 
 import json
@@ -78,6 +80,8 @@ def one_side(work, side):
 
     logs["train"] = fairseq_train(train, "--max-epoch", "2")
     logs["resume"] = fairseq_train(train, "--max-epoch", "3")  # from checkpoint_last.pt
+    if side == "fairseq":  # what the resumed run should be: the same three epochs without a stop
+        logs["uninterrupted"] = fairseq_train(root / "uninterrupted", "--max-epoch", "3")
     logs["finetune"] = fairseq_train(
         finetune,
         "--max-epoch",
@@ -131,6 +135,8 @@ def dropped_by_fairseq(split, max_tokens):
 
 @pytest.mark.parametrize("name", ["train", "resume", "finetune"])
 def test_the_same_losses(runs, name):
+    """Every update, train and valid record equal fairseq's; resumed, fairseq's run without a stop
+    (fairseq alone resumes on other batches: same_batches_after_resuming)."""
     _, logs = runs
     fairseq, plugin = logged(logs["fairseq"][name]), logged(logs["plugin"][name])
     kinds = [kind for kind, _ in fairseq]
@@ -139,7 +145,12 @@ def test_the_same_losses(runs, name):
         and "valid" in kinds
         and all("loss" in r for k, r in fairseq if k == "train_inner")
     )
-    assert plugin == fairseq
+    if name == "resume":
+        uninterrupted = logged(logs["fairseq"]["uninterrupted"])
+        assert plugin == uninterrupted[-len(plugin) :] and len(uninterrupted) > len(plugin)
+        assert [r for k, r in fairseq if k == "train_inner"] != [r for k, r in plugin if k == "train_inner"]
+    else:
+        assert plugin == fairseq
     assert dropped_by_fairseq("train", 1000) == dropped_by_fairseq("valid", 1000) == 0  # nothing for the fix to keep
 
 
@@ -172,9 +183,19 @@ def assert_same(a, b, where):
     ],
 )
 def test_the_same_checkpoints(runs, checkpoint):
-    """Parameters, optimizer state, EMA weights, data position: everything but times and paths."""
+    """Parameters, optimizer state, EMA weights, data position: everything but times and paths.
+    The resumed epoch's are fairseq's run without a stop (fairseq alone resumes on other batches)."""
     work, _ = runs
-    fairseq, plugin = (read_checkpoint(work / side / checkpoint) for side in SIDES)
+    folder, name = checkpoint.split("/")
+    resumed = checkpoint in ("train/checkpoint3.pt", "train/checkpoint_best.pt")
+    save_dirs = {
+        "fairseq": work / "fairseq" / ("uninterrupted" if resumed else folder),
+        "plugin": work / "plugin" / folder,
+    }
+    fairseq, plugin = (read_checkpoint(save_dirs[side] / name) for side in SIDES)
+    if resumed:  # fairseq appends a history entry per session, its scheduler's "best" a step behind
+        history = {side: state.pop("optimizer_history") for side, state in (("fairseq", fairseq), ("plugin", plugin))}
+        assert [h["num_updates"] for h in history["plugin"]] == [10, 15] == [10, history["fairseq"][-1]["num_updates"]]
     assert fairseq["extra_state"]["ema"] and not torch.equal(  # EMA is on, and not the model itself
         fairseq["extra_state"]["ema"]["decoder.output_projection.weight"],
         fairseq["model"]["decoder.output_projection.weight"],
@@ -182,7 +203,11 @@ def test_the_same_checkpoints(runs, checkpoint):
     assert_same(fairseq, plugin, checkpoint)
     model = {side: vars(state["cfg"]["model"]) for side, state in (("fairseq", fairseq), ("plugin", plugin))}
     for side in model:  # every setting but the folders the two sides write to, and the plugin's folder
-        model[side] = {k: str(v).replace(str(work / side), "WORK") for k, v in model[side].items() if k != "user_dir"}
+        model[side] = {
+            k: str(v).replace(str(save_dirs[side]), "SAVE_DIR").replace(str(work / side), "WORK")
+            for k, v in model[side].items()
+            if k != "user_dir"
+        }
     assert model["plugin"] == model["fairseq"]
 
 

@@ -21,7 +21,7 @@ from typing import Callable, Tuple
 
 from ..errors import RealformerConfigError
 from ..patching import patch
-from .batching import keep_last_batch
+from .batching import keep_last_batch, same_batches_after_resuming
 from .checkpoint_files import (
     copy_checkpoints_whole,
     name_missing_checkpoints,
@@ -61,6 +61,8 @@ FIXES = (
         "fairseq.data.data_utils.batch_by_size",
         ("fairseq.data.fairseq_dataset.FairseqDataset.batch_by_size",),
     ),
+    # the trainer calls it on the task, found on the task's class at call time: no call site to check
+    Fix(same_batches_after_resuming, "fairseq.tasks.fairseq_task.FairseqTask.get_batch_iterator"),
     Fix(
         name_missing_checkpoints,
         "fairseq.checkpoint_utils.load_model_ensemble_and_task",
