@@ -84,6 +84,18 @@ MAX_TOKENS = "4096"  # run.sh's --max-tokens
 WATCH_S = 10  # how often a training's log is read for a divergence
 
 
+def keep_niceness(pid: int) -> None:
+    """Give the new session of *pid* this process's niceness. With Linux's autogroup scheduling
+    (``/proc/sys/kernel/sched_autogroup_enabled``) nice ranks processes only inside their session;
+    each session competes with the others as a group at its own autogroup nice (0), so a run
+    started in a new session under ``nice -n 19`` would take an equal share of the cores from
+    everything else instead of yielding. Where there are no autogroups, nothing to do."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{os.nice(0)}\n")
+    except OSError:
+        pass
+
+
 @dataclass(frozen=True)
 class RunConfig:
     label: str  # the table's and the figures' name: the variant, or "variant lr=X" in a sweep
@@ -403,6 +415,7 @@ class Runner:
                 if self.stopping:
                     return "stopped"
                 process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                keep_niceness(process.pid)
                 self.running.add(process)
             returncode, where = self.wait_watching(process, run_dir)
             with self.lock:

@@ -5,6 +5,7 @@ there. The recipe is replaced by a fake one that writes what run.sh writes, so n
 import json
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,6 +129,8 @@ FAKE_RECIPE = (
       fi
       echo "{\\"sacrebleu\\": $bleu, \\"sacrebleu_signature\\": \\"nrefs:1\\", \\"reference\\": \\"$run/$set.de\\"}" > "$run/score/$set/scores.json"
     done
+    sleep 0.2  # then the session's scheduling group, as the runner has set it by now
+    cat /proc/self/autogroup > "$run/autogroup" 2>/dev/null || true
 """)
     .replace("EPOCH", EPOCH)
     .replace("INNER", INNER)
@@ -141,6 +144,7 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     quality = _load("quality")
     monkeypatch.setattr(quality, "RECIPE", tmp_path / "fake_run.sh")
     monkeypatch.setattr(quality, "WATCH_S", 0.2)
+    monkeypatch.setattr(quality.os, "nice", lambda increment: 7)  # the runner under `nice -n 7`
     quality.RECIPE.write_text(FAKE_RECIPE)
     data = tmp_path / "data"
     (data / "bin").mkdir(parents=True)
@@ -172,6 +176,9 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     assert (out / "post-ln-lr0.002" / "seed2" / "score" / "val" / "scores.json").exists()
     assert (out / "realformer-lr0.001" / "seed2" / "score" / "val" / "scores.json").exists()
     assert not (out / "post-ln-lr0.001" / "seed2").exists() and not (out / "realformer-lr0.002" / "seed2").exists()
+    if Path("/proc/self/autogroup").exists():  # Linux groups sessions: each run's session is niced as the runner
+        groups = [p.read_text() for p in out.glob("*/seed*/autogroup")]
+        assert len(groups) == 5 and all(g.split()[-2:] == ["nice", "7"] for g in groups), groups
     where = json.loads((out / "realformer-lr0.002" / "seed1" / "diverged.json").read_text())
     assert where["update"] == 200 and where["first_epoch_loss"] == 10.8
 
