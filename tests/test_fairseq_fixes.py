@@ -169,7 +169,7 @@ def test_a_checkpoint_copy_stopped_half_way_leaves_the_old_file_whole(tmp_path):
 
 
 @pytest.mark.parametrize("fixed", [True, False], ids=["plugin", "fairseq alone"])
-def test_a_run_resumed_mid_epoch_trains_that_epoch_on_every_sentence_once(fixed):
+def test_a_run_resumed_mid_epoch_trains_that_epoch_on_every_sentence_once(fixed, caplog):
     """A run stopped after 2 updates of epoch 2 (``--save-interval-updates``) and resumed: fairseq
     skips the 2 batches it trained, then serves the rest of the epoch. With the plugin these are
     the uninterrupted run's batches, so the epoch holds every sentence once; fairseq alone builds
@@ -197,7 +197,10 @@ def test_a_run_resumed_mid_epoch_trains_that_epoch_on_every_sentence_once(fixed)
     epoch_2 = uninterrupted.next_epoch_itr()
     trained = [i for _ in range(2) for i in next(epoch_2)["id"].tolist()]  # then the run stops
 
-    _, resumed = iterator(2)  # checkpoint_utils.load_checkpoint: get_train_iterator(epoch=2), then the state
+    with caplog.at_level("INFO", logger="fairseq_realformer.fairseq_fixes.batching"):
+        _, resumed = iterator(2)  # checkpoint_utils.load_checkpoint: get_train_iterator(epoch=2), then the state
+    said = "epoch 2: the training batches are built as at epoch 1" in caplog.text
+    assert said if fixed else not said
     resumed.load_state_dict({"version": 2, "epoch": 2, "iterations_in_epoch": 2, "shuffle": True})
     rest = resumed.next_epoch_itr()
     assert rest.n == 2 and resumed.epoch == 2

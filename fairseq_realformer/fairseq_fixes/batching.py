@@ -2,8 +2,11 @@
 
 import functools
 import inspect
+import logging
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 
 def keep_last_batch(batch_by_size):
@@ -76,6 +79,10 @@ def same_batches_after_resuming(get_batch_iterator):
         if epoch <= 1 or not built_once_and_reused or dataset in self.dataset_to_epoch_iter:
             return get_batch_iterator(*asked.args, **asked.kwargs)
         options["epoch"] = 1
+        logger.info(
+            f"epoch {epoch}: the training batches are built as at epoch 1, as by the run this one "
+            f"continues (fairseq_realformer: same_batches_after_resuming)"
+        )
         iterator = get_batch_iterator(*asked.args, **asked.kwargs)
         iterator.epoch = epoch
         dataset.set_epoch(epoch)
