@@ -18,62 +18,28 @@ BIN = Path(sys.executable).parent
 SCRIPTS = Path(REPO) / "scripts"
 BENCHMARKS = Path(REPO) / "benchmarks"
 N_TEST = 21  # not a multiple of 8: fairseq's batching would drop sentences without our fix
-TINY = [
-    "--encoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--encoder-layers",
-    "2",
-    "--decoder-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--decoder-attention-heads",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--share-all-embeddings",
-]
+TINY = (
+    "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "
+    "--decoder-embed-dim 32 --decoder-ffn-embed-dim 64 --decoder-attention-heads 2 --decoder-layers 2 "
+    "--share-all-embeddings"
+).split()
+# how every tiny training of the tests learns: Adam, inverse-sqrt warm-up, label smoothing, seed 1
+OPTIMIZE = (
+    "--optimizer adam --adam-betas (0.9,0.98) --lr 2e-3 --lr-scheduler inverse_sqrt --warmup-updates 10 "
+    "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 1000 --seed 1 --num-workers 0"
+).split()
 TRAIN = [
     "--user-dir",
-    USER_DIR,
-    "--arch",
-    "realformer_iwslt_de_en",
+    USER_DIR,  # a path: it may hold spaces
+    *"--arch realformer_iwslt_de_en".split(),
     *TINY,
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9,0.98)",
-    "--lr",
-    "2e-3",
-    "--lr-scheduler",
-    "inverse_sqrt",
-    "--warmup-updates",
-    "10",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--label-smoothing",
-    "0.1",
-    "--max-tokens",
-    "1000",
-    "--seed",
-    "1",
-    "--num-workers",
-    "0",
-    "--log-format",
-    "json",
-    "--log-interval",
-    "5",
+    *OPTIMIZE,
+    *"--log-format json --log-interval 5".split(),
     # --eval-bleu puts numpy metrics into the checkpoints, which must load safely too
     "--eval-bleu",
     "--eval-bleu-args",
     '{"beam": 1, "max_len_a": 1.2, "max_len_b": 10}',
-    "--best-checkpoint-metric",
-    "bleu",
-    "--maximize-best-checkpoint-metric",
+    *"--best-checkpoint-metric bleu --maximize-best-checkpoint-metric".split(),
 ]
 
 

@@ -285,32 +285,9 @@ def test_a_bf16_checkpoint_is_float32_and_translates_without_bf16(bf16_run):
     exp_avg = [s["exp_avg"] for s in state["last_optimizer_state"]["state"].values()]
     assert exp_avg and {t.dtype for t in exp_avg} == {torch.float32}, "Adam's state is float32"
     assert "loss_scale" not in state["extra_state"].get("train_meters", {}), "no loss scaler"
-    fp32 = run(
-        "fairseq-generate",
-        "bin",
-        "--user-dir",
-        USER_DIR,
-        "--path",
-        "ckpt/checkpoint_last.pt",
-        "--beam",
-        "4",
-        "--batch-size",
-        "8",
-        cwd=work,
-    )
-    bf16 = run(
-        "fairseq-generate",
-        "bin",
-        "--user-dir",
-        USER_DIR,
-        "--path",
-        "ckpt/checkpoint_last.pt",
-        "--beam",
-        "4",
-        "--batch-size",
-        "8",
-        "--bf16",
-        cwd=work,
+    generate = ["fairseq-generate", "bin", "--user-dir", USER_DIR, "--path", "ckpt/checkpoint_last.pt"]
+    fp32, bf16 = (
+        run(*generate, *"--beam 4 --batch-size 8".split(), *precision, cwd=work) for precision in ([], ["--bf16"])
     )
     hypotheses = [dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", r.stdout, re.M)) for r in (fp32, bf16)]
     assert sorted(map(int, hypotheses[0])) == sorted(map(int, hypotheses[1])) == list(range(N_TEST))

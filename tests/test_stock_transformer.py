@@ -25,7 +25,7 @@ from fairseq.data import data_utils
 
 from fairseq_realformer.checkpoints import read_checkpoint
 
-from .cli import N_TEST, SCRIPTS, TINY, run
+from .cli import N_TEST, OPTIMIZE, SCRIPTS, TINY, run
 from .helpers import USER_DIR
 from .test_compat import FIXTURES, hypotheses
 
@@ -33,36 +33,10 @@ DATA = FIXTURES / "bin"  # the toy corpus, binarised with a joined dictionary
 SIDES = {"fairseq": ([], {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}), "plugin": (["--user-dir", USER_DIR], {})}
 TRAIN = [
     DATA,
-    "--arch",
-    "transformer_iwslt_de_en",
+    *"--arch transformer_iwslt_de_en".split(),
     *TINY,
-    "--seed",
-    "1",
-    "--num-workers",
-    "0",
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9,0.98)",
-    "--lr",
-    "2e-3",
-    "--lr-scheduler",
-    "inverse_sqrt",
-    "--warmup-updates",
-    "10",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--label-smoothing",
-    "0.1",
-    "--max-tokens",
-    "1000",
-    "--store-ema",
-    "--ema-decay",
-    "0.9",
-    "--log-format",
-    "json",
-    "--log-interval",
-    "1",
+    *OPTIMIZE,
+    *"--store-ema --ema-decay 0.9 --log-format json --log-interval 1".split(),
 ]
 TIMES = ("wall", "train_wall", "ups", "wps", "gb_free")  # what differs from run to run
 NOT_COMPARED = {"metrics", "previous_training_time", "cfg"}  # times, and paths (compared apart)
