@@ -10,13 +10,21 @@ on NaN/Inf gradients or its loss ended above where it started.
     python benchmarks/depth_stability.py --data ../shared/data/multi30k    # ~25 min on 2 CPU cores
 
 Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are kept in --out and
-a re-run skips finished variants.
+a re-run skips finished variants. ``--add-to TABLE`` merges new variants into a committed table
+(benchmarks/results/cpu-depth-stability-*.json): a variant the table lacks becomes a row, one it has
+is re-run as a control, kept beside the rows with whether it measured the same as its row.
+
+    python benchmarks/depth_stability.py --variants post-ln-realformer,post-ln \
+        --add-to benchmarks/results/cpu-depth-stability-lr3e-3.json
 """
 
 import argparse
+import datetime
 import json
 import math
 import os
+import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -28,9 +36,20 @@ import multi30k_args  # noqa: E402
 from repo import REPO, USER_DIR, VARIANTS  # noqa: E402
 
 BIN = Path(sys.executable).parent
+# options that say where results go, not what is measured: a folder or table of other values still compares
+RECORD_ONLY = ("variants", "json", "out", "add_to", "machine")
+# what a control re-run must reproduce, exactly, for new rows to compare with a table's old ones
+MEASURED = (
+    "first_train_loss",
+    "final_train_loss",
+    "valid_loss",
+    "diverged",
+    "grad_norm_encoder_layer0",
+    "grad_norm_decoder_layer0",
+)
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(REPO / "runs" / "depth_stability"), help="work folder (default: %(default)s)")
     p.add_argument("--pairs", type=int, default=4000, help="training sentence pairs (default: %(default)s)")
@@ -46,8 +65,18 @@ def parse_args():
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=1)
     multi30k_args.add(p, ",".join(VARIANTS))
-    args = p.parse_args()
+    p.add_argument(
+        "--add-to", metavar="TABLE", help="merge the runs into this table (an earlier --json of these settings)"
+    )
+    p.add_argument(
+        "--machine",
+        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        help="the machine, recorded with --add-to (default: %(default)s)",
+    )
+    args = p.parse_args(argv)
     multi30k_args.check(p, args)
+    if args.add_to and not Path(args.add_to).is_file():
+        p.error(f"--add-to {args.add_to}: no such table (an earlier run's --json)")
     return args
 
 
@@ -242,11 +271,66 @@ def table(args, results):
     return "\n".join(lines)
 
 
-def main():
-    args = parse_args()
+def add_to_table(table, settings, results, record):
+    """*table* with *results* merged in, or None when it holds them all already. A variant new to it
+    becomes a row; one it has is a control, kept in the merge's record with whether its MEASURED
+    values equal its row's. The merge is recorded under "additions" with *record* (date, commit,
+    command, machine)."""
+    differ = [k for k in settings if k != "data" and table["settings"].get(k) != settings[k]]
+    if differ:
+        shown = ", ".join(f"{k} {table['settings'].get(k)} there, {settings[k]} here" for k in differ)
+        raise ValueError(f"its runs used other settings ({shown})")
+    rows = {run["variant"]: run for run in table["runs"]}
+    controlled = [c["run"] for added in table.get("additions", ()) for c in added.get("controls", ())]
+    new = [r for r in results if r["variant"] not in rows]
+    controls = [r for r in results if r["variant"] in rows and r != rows[r["variant"]] and r not in controlled]
+    if not new and not controls:
+        return None
+    addition = {"variants": [r["variant"] for r in new], **record}
+    if controls:
+        addition["controls"] = [
+            {"run": r, "same_as_row": all(r[k] == rows[r["variant"]][k] for k in MEASURED)} for r in controls
+        ]
+    merged = dict(table, runs=table["runs"] + new, additions=[*table.get("additions", ()), addition])
+    merged["settings"] = dict(table["settings"], variants=[*table["settings"]["variants"], *addition["variants"]])
+    return merged
+
+
+def commit():
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return git.stdout.strip() or None
+
+
+def merge(args, settings, results, command):
+    table_file = Path(args.add_to)
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "commit": commit(),
+        "command": command,
+        "machine": args.machine,
+    }
+    try:
+        merged = add_to_table(json.loads(table_file.read_text()), settings, results, record)
+    except ValueError as e:
+        raise SystemExit(f"depth_stability.py: error: --add-to {table_file}: {e}") from None
+    if merged is None:
+        log(f"{table_file} holds these runs already")
+        return
+    for control in merged["additions"][-1].get("controls", ()):
+        variant = control["run"]["variant"]
+        if control["same_as_row"]:
+            log(f"{variant}: the control measured what its row says, so the new rows compare with the old")
+        else:
+            log(f"{variant}: WARNING the control differs from its row: the new rows do not compare with the old")
+    table_file.write_text(json.dumps(merged, indent=1) + "\n")
+    log(f"added {', '.join(merged['additions'][-1]['variants']) or 'controls'} to {table_file}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("variants", "json", "out")}
+    settings = {k: v for k, v in vars(args).items() if k not in RECORD_ONLY}
     settings_file = out / "settings.json"
     if settings_file.exists() and json.loads(settings_file.read_text()) != settings:
         raise SystemExit(
@@ -259,6 +343,8 @@ def main():
     print(table(args, results))
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
+    if args.add_to:
+        merge(args, settings, results, "python benchmarks/depth_stability.py " + shlex.join(argv or sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 #   1. the sweep: five variants at peak lr 2e-3, 4e-3, 8e-3, seed 1; then seeds 2 and 3 of each
 #      variant at its best rate on validation BLEU;
 #   2. depth: the five variants at 12+12 layers, lr 2e-3 and 4e-3, seed 1;
-#   3. the post-ln-realformer rows of the 18+18 depth-stability tables (lr 3e-3 and 6e-3).
+#   3. the post-ln-realformer rows of the 18+18 depth-stability tables (lr 3e-3 and 6e-3), added to
+#      the committed tables with post-ln re-run as the control.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 #
 #   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT]
@@ -46,6 +47,6 @@ nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]
 for lr in 3e-3 6e-3; do
   say "3/3 depth stability, 18+18 layers, lr $lr: post-ln-realformer and a post-ln control"
   nice -n 19 "$py" "$root/benchmarks/depth_stability.py" --variants post-ln-realformer,post-ln --lr $lr \
-    --out "$out/depth-stability-$lr" --json "$out/depth-stability-$lr.json"
+    --out "$out/depth-stability-$lr" --add-to "$results/cpu-depth-stability-lr$lr.json" --machine "$machine"
 done
 say "done"
