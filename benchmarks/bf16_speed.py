@@ -51,34 +51,10 @@ GEN_LENGTH = 24  # every hypothesis: about a Multi30k sentence's length in piece
 TRAIN = (
     "--user-dir",
     str(USER_DIR),
-    "--source-lang",
-    "en",
-    "--target-lang",
-    "de",
-    "--share-all-embeddings",
-    "--dropout",
-    "0.3",
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9,0.98)",
-    "--lr",
-    "1e-3",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--label-smoothing",
-    "0.1",
-    "--seed",
-    "1",
-    "--num-workers",
-    "0",
-    "--log-format",
-    "json",
-    "--no-progress-bar",
-    "--disable-validation",
-    "--no-epoch-checkpoints",
-    "--save-interval-updates",
-    "1000000",
+    *"--source-lang en --target-lang de --share-all-embeddings --dropout 0.3 --optimizer adam "
+    "--adam-betas (0.9,0.98) --lr 1e-3 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
+    "--seed 1 --num-workers 0 --log-format json --no-progress-bar --disable-validation "
+    "--no-epoch-checkpoints --save-interval-updates 1000000".split(),
 )
 
 

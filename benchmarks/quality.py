@@ -123,19 +123,9 @@ PRESETS = {
         lr=2e-3,
         warmup=400,
         linear_decay=True,
-        model=(
-            "--encoder-embed-dim",
-            "128",
-            "--decoder-embed-dim",
-            "128",
-            "--encoder-ffn-embed-dim",
-            "256",
-            "--decoder-ffn-embed-dim",
-            "256",
-            "--encoder-attention-heads",
-            "4",
-            "--decoder-attention-heads",
-            "4",
+        model=tuple(
+            "--encoder-embed-dim 128 --decoder-embed-dim 128 --encoder-ffn-embed-dim 256 "
+            "--decoder-ffn-embed-dim 256 --encoder-attention-heads 4 --decoder-attention-heads 4".split()
         ),
         describe="4+4 layers, d=128, FFN 256",
     ),

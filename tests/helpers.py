@@ -14,30 +14,12 @@ USER_DIR = os.path.dirname(os.path.abspath(fairseq_realformer.__file__))
 REPO = os.path.dirname(USER_DIR)
 
 EMBED, FFN, HEADS, LAYERS = 16, 32, 2, 3
-TINY = [
-    "--encoder-embed-dim",
-    str(EMBED),
-    "--encoder-ffn-embed-dim",
-    str(FFN),
-    "--encoder-attention-heads",
-    str(HEADS),
-    "--encoder-layers",
-    str(LAYERS),
-    "--decoder-embed-dim",
-    str(EMBED),
-    "--decoder-ffn-embed-dim",
-    str(FFN),
-    "--decoder-attention-heads",
-    str(HEADS),
-    "--decoder-layers",
-    str(LAYERS),
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    "--activation-dropout",
-    "0",
-]
+TINY = (
+    f"--encoder-embed-dim {EMBED} --encoder-ffn-embed-dim {FFN} --encoder-attention-heads {HEADS} "
+    f"--encoder-layers {LAYERS} --decoder-embed-dim {EMBED} --decoder-ffn-embed-dim {FFN} "
+    f"--decoder-attention-heads {HEADS} --decoder-layers {LAYERS} --dropout 0 --attention-dropout 0 "
+    "--activation-dropout 0"
+).split()
 
 PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross", "decoder,cross", "all"]
 MODES = ["sum", "mean"]

@@ -19,16 +19,7 @@ from .helpers import USER_DIR, make_dictionary, perturb_, realformer
 FIXTURES = Path(__file__).parent / "data" / "compat-0.1.0"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 STORED = torch.load(FIXTURES / "outputs.pt")
-SMALL = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-]
+SMALL = "--encoder-embed-dim 16 --decoder-embed-dim 16 --encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32".split()
 
 
 @pytest.mark.parametrize("config", sorted(STORED["outputs"]))

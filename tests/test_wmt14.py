@@ -337,20 +337,10 @@ def test_damaged_or_unexpected_archive_is_refused(tmp_path):
 
 # --- train.sh ---
 
-TINY = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
+TINY = (
+    "--encoder-embed-dim 16 --decoder-embed-dim 16 --encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 "
+    "--encoder-attention-heads 2 --decoder-attention-heads 2"
+).split()
 
 
 def dry_run(*args):
