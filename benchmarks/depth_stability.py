@@ -21,6 +21,7 @@ is re-run as a control, kept beside the rows with whether it measured the same a
 import argparse
 import datetime
 import json
+import logging
 import math
 import os
 import platform
@@ -28,6 +29,7 @@ import shlex
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -153,6 +155,9 @@ def first_layer_grad_norms(flags):
 
     from fairseq_realformer.modules import admin
 
+    # fairseq-train's own run logs all this; here it would bury the one line this probe prints
+    for name in ("fairseq", "hydra"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)
@@ -179,7 +184,9 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
         return json.loads(result_file.read_text())
     result_file.parent.mkdir(parents=True, exist_ok=True)
     flags = train_flags(args, bin_dir, variant)
-    enc_norm, dec_norm = first_layer_grad_norms(flags)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hydra's and torch's notices: fairseq-train's log below has them
+        enc_norm, dec_norm = first_layer_grad_norms(flags)
     log(f"{variant}: first-layer gradient norms at init: encoder {enc_norm:.3g}, decoder {dec_norm:.3g}; training")
     start = time.time()
     proc = subprocess.run([str(BIN / "fairseq-train"), *flags], capture_output=True, text=True)
