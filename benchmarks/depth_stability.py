@@ -177,13 +177,19 @@ def first_layer_grad_norms(flags):
     return norm(model.encoder.layers[0]), norm(model.decoder.layers[0])
 
 
+def commit():
+    """The checkout's commit, recorded with each run (None outside a git checkout)."""
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return git.stdout.strip() or None
+
+
 def run_variant(args, bin_dir: Path, out: Path, variant: str):
     result_file = out / variant / "result.json"
     if result_file.exists():
         log(f"{variant}: reusing {result_file}")
         return json.loads(result_file.read_text())
     result_file.parent.mkdir(parents=True, exist_ok=True)
-    flags = train_flags(args, bin_dir, variant)
+    flags, at = train_flags(args, bin_dir, variant), commit()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hydra's and torch's notices: fairseq-train's log below has them
         enc_norm, dec_norm = first_layer_grad_norms(flags)
@@ -208,6 +214,7 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
         "grad_norm_encoder_layer0": enc_norm,
         "grad_norm_decoder_layer0": dec_norm,
         "wall_s": round(time.time() - start, 1),
+        "commit": at,
     }
     result_file.write_text(json.dumps(result, indent=1))
     log(
@@ -261,16 +268,12 @@ def add_to_table(table, settings, results, record):
     return merged
 
 
-def commit():
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return git.stdout.strip() or None
-
-
 def merge(args, settings, results, command):
     table_file = Path(args.add_to)
+    measured_at = ", ".join(dict.fromkeys(r["commit"] for r in results if r.get("commit")))  # runs reused too
     record = {
         "date": datetime.date.today().isoformat(),
-        "commit": commit(),
+        "commit": measured_at or commit(),
         "command": command,
         "machine": args.machine,
     }
