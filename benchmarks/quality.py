@@ -634,11 +634,18 @@ def main(argv=None):
             beside = None
             if args.beside:
                 other = json.loads(Path(args.beside).read_text())
-                layers = other["settings"]["layers"]
-                beside = (other["runs"], f"{layers}+{layers} layers")
+                beside = (other["runs"], "{0}+{0} layers".format(other["settings"]["layers"]))
+            layers = args.layers or args.preset.layers
             paths.append(
                 quality_report.sweep_figure(
-                    runs, args.variants, args.lrs, Path(args.figures), stem, describe(args), beside
+                    runs,
+                    args.variants,
+                    args.lrs,
+                    Path(args.figures),
+                    stem,
+                    describe(args),
+                    beside,
+                    f"{layers}+{layers} layers",
                 )
             )
         if compared:

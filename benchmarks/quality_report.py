@@ -511,9 +511,34 @@ def figures(runs, labels, folder, stem, what):
     return paths
 
 
-def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None):
+def sweep_lines(studies, variants, test_name):
+    """The sweep figure's lines: for each study (its runs, line style, name) and each variant, the
+    first seed's test sacreBLEU at every rate it finished, and the rates where it diverged."""
+    lines = []
+    for study_runs, style, name in studies:
+        seed = min((r["seed"] for r in study_runs), default=1)
+        for variant in variants:
+            mine = sorted(
+                (r for r in study_runs if r["variant"] == variant and r["seed"] == seed), key=lambda r: r["lr"]
+            )
+            scored = [r for r in mine if not r.get("diverged") and test_name in r["test_sets"]]
+            lines.append(
+                {
+                    "variant": variant,
+                    "label": f"{variant} ({name})" if name else variant,
+                    "style": style,
+                    "lr": [r["lr"] for r in scored],
+                    "bleu": [r["test_sets"][test_name]["sacrebleu"] for r in scored],
+                    "diverged": [(r["lr"], r["diverged"]["update"]) for r in mine if r.get("diverged")],
+                }
+            )
+    return lines
+
+
+def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None, name=""):
     """Test sacreBLEU against the peak learning rate, one line per variant (the first seed), diverged
-    runs marked on the axis; with *beside* (another sweep's runs and its name), its lines dashed."""
+    runs marked on the axis; with *beside* (another sweep's runs and its name), its lines dashed and
+    this sweep's named *name*."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -524,42 +549,24 @@ def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None):
     colours = dict(zip(variants, plt.get_cmap("tab10").colors))
     fig, ax = plt.subplots(figsize=(8, 5.2))
     marked = False
-    studies = [(runs, "-", "")] + ([(beside[0], "--", f" ({beside[1]})")] if beside else [])
-    for study_runs, style, suffix in studies:
-        seed = min((r["seed"] for r in study_runs), default=1)
-        for variant in variants:
-            mine = sorted(
-                (r for r in study_runs if r["variant"] == variant and r["seed"] == seed), key=lambda r: r["lr"]
+    studies = [(runs, "-", name if beside else "")] + ([(beside[0], "--", beside[1])] if beside else [])
+    for line in sweep_lines(studies, variants, test_name):
+        colour = colours[line["variant"]]
+        if line["lr"]:
+            ax.plot(line["lr"], line["bleu"], line["style"], marker="o", color=colour, label=line["label"])
+        for lr, update in line["diverged"]:
+            ax.scatter(
+                [lr], [0], marker="x", s=80, color=colour, zorder=3, label=None if marked else "diverged (stopped)"
             )
-            scored = [r for r in mine if not r.get("diverged") and test_name in r["test_sets"]]
-            if scored:
-                ax.plot(
-                    [r["lr"] for r in scored],
-                    [r["test_sets"][test_name]["sacrebleu"] for r in scored],
-                    style,
-                    marker="o",
-                    color=colours[variant],
-                    label=f"{variant}{suffix}",
-                )
-            for r in (r for r in mine if r.get("diverged")):
-                ax.scatter(
-                    [r["lr"]],
-                    [0],
-                    marker="x",
-                    s=80,
-                    color=colours[variant],
-                    zorder=3,
-                    label=None if marked else "diverged (stopped)",
-                )
-                ax.annotate(
-                    f"{variant}{suffix}: update {r['diverged']['update']}",
-                    (r["lr"], 0),
-                    textcoords="offset points",
-                    xytext=(4, 6 + 10 * variants.index(variant)),
-                    fontsize=7,
-                    color=colours[variant],
-                )
-                marked = True
+            ax.annotate(
+                f"{line['label']}: update {update}",
+                (lr, 0),
+                textcoords="offset points",
+                xytext=(4, 6 + 10 * variants.index(line["variant"])),
+                fontsize=7,
+                color=colour,
+            )
+            marked = True
     ax.set_xscale("log")
     ticks = sorted({*lrs, *(r["lr"] for r in (beside[0] if beside else ()))})
     ax.set_xticks(ticks, [f"{lr:g}" for lr in ticks])

@@ -212,6 +212,21 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
         ("realformer lr=0.001", 2),
     ]
     assert report.sweep_figure(runs, args.variants, args.lrs, tmp_path / "fig", "s", "what").stat().st_size > 10_000
+    # the depth figure: this sweep's lines named by their depth, another sweep's dashed beside them
+    test_set = next(iter(runs[0]["test_sets"]))
+    shallow = [r for r in runs if r["variant"] == "post-ln" and r["seed"] == 1]
+    lines = report.sweep_lines([(runs, "-", "12+12 layers"), (shallow, "--", "4+4 layers")], args.variants, test_set)
+    assert [(x["label"], x["style"], x["lr"], x["diverged"]) for x in lines] == [
+        ("post-ln (12+12 layers)", "-", [1e-3, 2e-3], []),
+        ("realformer (12+12 layers)", "-", [1e-3], [(2e-3, 200)]),
+        ("post-ln (4+4 layers)", "--", [1e-3, 2e-3], []),
+        ("realformer (4+4 layers)", "--", [], []),
+    ]
+    assert lines[0]["bleu"] == [r["test_sets"][test_set]["sacrebleu"] for r in shallow]
+    depth = report.sweep_figure(
+        runs, args.variants, args.lrs, tmp_path / "fig", "d", "what", (shallow, "4+4 layers"), "12+12 layers"
+    )
+    assert depth.stat().st_size > 10_000
 
 
 def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
