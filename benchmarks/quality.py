@@ -60,6 +60,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import statistics
@@ -587,11 +588,11 @@ def collect(args, recorded, seeds=None):
 
 
 def describe(args):
-    size = (
-        args.preset.describe
-        if not args.layers or args.layers == args.preset.layers
-        else f"{args.preset.describe} but {args.layers}+{args.layers} layers"
-    )
+    size = args.preset.describe
+    if args.layers and args.layers != args.preset.layers:
+        depth = f"{args.layers}+{args.layers} layers"  # the preset's "N+N layers" says what was trained
+        size, found = re.subn(r"^\d+\+\d+ layers", depth, size)
+        size = size if found else f"{size}, {depth}"
     lr = f", peak lr {args.lr:g}" if args.lr else ""
     lr += f", warm-up {args.warmup}" if args.warmup is not None else ""
     lr += "; bf16 mixed precision" if args.bf16 else ""

@@ -229,6 +229,23 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     assert depth.stat().st_size > 10_000
 
 
+def test_the_description_names_the_depth_that_was_trained(tmp_path):
+    """Figure titles and the JSON's "what": a deeper run of a preset reads as that depth, not as the
+    preset's with a correction after it."""
+    quality = _load("quality")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+
+    def what(*flags):
+        return quality.describe(quality.parse_args(["--data", str(data), "--preset", "cpu", "--machine", "m", *flags]))
+
+    assert what().startswith("Multi30k en→de, 4+4 layers, d=128, FFN 256, 20 epochs, peak lr 0.002")
+    deep = what("--layers", "12")
+    assert deep.startswith("Multi30k en→de, 12+12 layers, d=128, FFN 256, 20 epochs") and "4+4" not in deep
+    assert what("--layers", "4") == what()
+
+
 def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
     quality = _load("quality")
     data = tmp_path / "data"
