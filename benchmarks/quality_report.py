@@ -499,7 +499,8 @@ def figures(runs, labels, folder, stem, what):
             scores = [r["test_sets"][name]["sacrebleu"] for r in runs if r["label"] == variant]
             ax.scatter([i] * len(scores), scores, color=colours[variant], zorder=3, label="seeds" if i == 0 else None)
             ax.hlines(statistics.mean(scores), i - 0.3, i + 0.3, color="black", label="mean" if i == 0 else None)
-        ax.set_xticks(range(len(present)), present)
+        # a sweep's labels carry their rate ("post-ln-realformer lr=0.004"): on two lines they do not collide
+        ax.set_xticks(range(len(present)), [label.replace(" lr=", "\nlr=") for label in present])
         ax.set_ylabel("sacreBLEU")
         ax.set_title(f"Test sacreBLEU on {name}, each seed and the mean\n{what}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
