@@ -12,7 +12,8 @@ on NaN/Inf gradients or its loss ended above where it started.
 Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are kept in --out and
 a re-run skips finished variants. ``--add-to TABLE`` merges new variants into a committed table
 (benchmarks/results/cpu-depth-stability-*.json): a variant the table lacks becomes a row, one it has
-is re-run as a control, kept beside the rows with whether it measured the same as its row.
+is re-run as a control, kept beside the rows with whether it measured the same as its row. A
+merge the table records already is not trained again, wherever --out is.
 
     python benchmarks/depth_stability.py --variants post-ln-realformer,post-ln \
         --add-to benchmarks/results/cpu-depth-stability-lr3e-3.json
@@ -243,12 +244,26 @@ def table(args, results):
     return "\n".join(lines)
 
 
+def _differing(table, settings):
+    """The settings, but the data folder, in which *table*'s runs differ from these."""
+    return [k for k in settings if k != "data" and table["settings"].get(k) != settings[k]]
+
+
+def added_already(table, settings, variants):
+    """Whether --add-to has merged these *variants* into *table* before, perhaps on another machine
+    whose run folders are gone: each is a row added by a merge or a row with a recorded control."""
+    merges = table.get("additions", ())
+    done = {v for added in merges for v in added["variants"]}
+    done |= {c["run"]["variant"] for added in merges for c in added.get("controls", ())}
+    return not _differing(table, settings) and all(v in done for v in variants)
+
+
 def add_to_table(table, settings, results, record):
     """*table* with *results* merged in, or None when it holds them all already. A variant new to it
     becomes a row; one it has is a control, kept in the merge's record with whether its MEASURED
     values equal its row's. The merge is recorded under "additions" with *record* (date, commit,
     command, machine)."""
-    differ = [k for k in settings if k != "data" and table["settings"].get(k) != settings[k]]
+    differ = _differing(table, settings)
     if differ:
         shown = ", ".join(f"{k} {table['settings'].get(k)} there, {settings[k]} here" for k in differ)
         raise ValueError(f"its runs used other settings ({shown})")
@@ -296,9 +311,12 @@ def merge(args, settings, results, command):
 
 def main(argv=None):
     args = parse_args(argv)
+    settings = {k: v for k, v in vars(args).items() if k not in RECORD_ONLY}
+    if args.add_to and added_already(json.loads(Path(args.add_to).read_text()), settings, args.variants):
+        log(f"{args.add_to} holds these runs already: nothing to train")
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k not in RECORD_ONLY}
     settings_file = out / "settings.json"
     if settings_file.exists() and json.loads(settings_file.read_text()) != settings:
         raise SystemExit(

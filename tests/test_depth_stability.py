@@ -84,3 +84,24 @@ def test_the_committed_tables_take_rows_run_with_the_defaults(depth, lr):
 def test_add_to_a_missing_table_is_one_line(depth, capsys, tmp_path):
     line = cli_error(capsys, depth.main, "--data", depth.data, "--add-to", tmp_path / "none.json")
     assert line.endswith(f"error: --add-to {tmp_path / 'none.json'}: no such table (an earlier run's --json)")
+
+
+@pytest.mark.parametrize("lr", ["3e-3", "6e-3"])
+def test_a_merged_addition_is_not_trained_again(depth, lr, capsys, monkeypatch):
+    """lr_depth_study.sh's last stage on a machine without its run folders: the committed tables hold
+    post-ln-realformer and its post-ln control, so nothing trains; a table without them would."""
+    table = RESULTS / f"cpu-depth-stability-lr{lr}.json"
+    settings = _settings(depth, "--lr", lr)
+    assert depth.added_already(json.loads(table.read_text()), settings, ["post-ln-realformer", "post-ln"])
+    fresh = {"settings": dict(settings, variants=["post-ln"]), "runs": [_run("post-ln", 9.122)]}
+    assert not depth.added_already(fresh, settings, ["post-ln-realformer", "post-ln"])
+    merged = depth.add_to_table(fresh, settings, [_run("post-ln-realformer", 8.5)], RECORD)
+    assert depth.added_already(merged, settings, ["post-ln-realformer"])
+    assert not depth.added_already(merged, settings, ["post-ln-realformer", "post-ln"])  # post-ln: no control yet
+    assert not depth.added_already(merged, _settings(depth, "--lr", "1e-3"), ["post-ln-realformer"])
+
+    monkeypatch.setattr(depth, "prepare", lambda *a: pytest.fail("trained what the table holds"))
+    depth.main(
+        ["--data", str(depth.data), "--lr", lr, "--variants", "post-ln-realformer,post-ln", "--add-to", str(table)]
+    )
+    assert capsys.readouterr().out.strip().endswith("holds these runs already: nothing to train")
