@@ -30,6 +30,7 @@ COMPARISONS = (
     ("realformer", "post-ln"),
     ("admin", "post-ln"),
     ("post-ln-realformer", "post-ln"),
+    ("post-ln-realformer", "admin"),  # does residual attention do for Post-LN what ADMIN does?
 )
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
 for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampling and font lookup
