@@ -5,6 +5,7 @@ validation loss alone cannot tell that from a model that learned nothing.
 
     python benchmarks/dropout_gap.py runs/depth-12/post-ln-lr0.004-layers12/seed1
     python benchmarks/dropout_gap.py CHECKPOINT.pt [CHECKPOINT.pt ...] --data DATA_BIN
+    python benchmarks/dropout_gap.py RUN --json RUN/dropout_gap.json   # the table as JSON too
 
 A run folder of benchmarks/quality.py stands for its epoch checkpoints (checkpoints/checkpointN.pt,
 in epoch order), then the averaged one (checkpoint_avg.pt) if it has it; its data is its bin/
@@ -14,6 +15,7 @@ smoothing included) over every sentence of --subset. With dropout on, the masks 
 """
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -39,6 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--subset", default="valid", help="the split to score (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="seed of the dropout masks (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows to FILE (benchmarks/quality.py --dropout-gap)")
     return p.parse_args(argv)
 
 
@@ -125,6 +128,21 @@ def main(argv=None):
     print("|---|---|---|---|---|")
     for checkpoint, updates, off, on in rows:
         print(f"| {checkpoint} | {updates} | {off:.3f} | {on:.3f} | {on - off:+.3f} |")
+    if args.json:
+        record = {
+            "subset": args.subset,
+            "seed": args.seed,
+            "unit": "bits per target token",
+            "rows": [
+                {"checkpoint": str(c), "updates": u, "dropout_off": round(off, 4), "dropout_on": round(on, 4)}
+                for c, u, off, on in rows
+            ],
+        }
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")  # a record that exists is whole: quality.py skips it
+        partial.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(partial, path)
     return rows
 
 

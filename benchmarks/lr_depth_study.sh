@@ -2,7 +2,8 @@
 # The learning-rate and depth study on Multi30k en->de (benchmarks/RESULTS.md), every step resumable:
 #   1. the sweep: five variants at peak lr 2e-3, 4e-3, 8e-3, seed 1; then seeds 2 and 3 of each
 #      variant at its best rate on validation BLEU;
-#   2. depth: the five variants at 12+12 layers, lr 2e-3 and 4e-3, seed 1;
+#   2. depth: the five variants at 12+12 layers, lr 2e-3 and 4e-3, seed 1, each run's checkpoints
+#      also scored with dropout off and on (--dropout-gap: a deep Post-LN can break with it off only);
 #   3. the post-ln-realformer rows of the 18+18 depth-stability tables (lr 3e-3 and 6e-3), added to
 #      the committed tables with post-ln re-run as the control.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
@@ -40,7 +41,7 @@ nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]
 
 say "2/3 depth: 12+12 layers in $out/depth-12"
 nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 12 --lr 2e-3,4e-3 \
-  --seeds 1 --variants $variants --jobs "$jobs" --out "$out/depth-12" --machine "$machine" \
+  --seeds 1 --variants $variants --jobs "$jobs" --dropout-gap --out "$out/depth-12" --machine "$machine" \
   --json "$results/cpu-quality-depth-12-multi30k-en-de$tag.json" --figures "$root/docs/figures/lr-sweep" \
   --beside "$results/cpu-quality-lr-sweep-multi30k-en-de$tag.json"
 

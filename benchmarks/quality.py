@@ -49,6 +49,13 @@ first epoch's mean (in any 50-update interval fairseq logs, or any epoch), is st
 recorded, in OUT/.../diverged.json and the JSON, with the update where it happened; it is shown in
 the table and the figure, and never retried or chosen as a best.
 
+Dropout gap: with --dropout-gap, every finished run's kept epoch checkpoints and its averaged one
+are scored on the validation set with dropout off (fairseq's validation loss) and on (as it
+trains), by benchmarks/dropout_gap.py, into OUT/.../dropout_gap.json and the JSON; the sweep's
+table shows the last checkpoint's pair (the averaged one). A deep Post-LN run can learn with
+dropout on and break with it off; the logged validation loss alone cannot tell that from a run
+that learned nothing.
+
 Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; with --lr,
 --warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS; with --bf16, which trains and
 translates in bfloat16 mixed precision, OUT/VARIANT-...-bf16/seedS).
@@ -79,6 +86,7 @@ from repo import REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
 UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
+DROPOUT_GAP = REPO / "benchmarks" / "dropout_gap.py"
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 RECIPE_ARCH = "realformer_iwslt_de_en"  # run.sh's default ARCH
 MAX_TOKENS = "4096"  # run.sh's --max-tokens
@@ -175,6 +183,11 @@ def parse_args(argv=None):
         help="test sets of --data to score (default: every test_* set in both languages)",
     )
     p.add_argument("--report-only", action="store_true", help="train nothing: report the runs already finished")
+    p.add_argument(
+        "--dropout-gap",
+        action="store_true",
+        help="score every finished run's kept checkpoints with dropout off and on (benchmarks/dropout_gap.py)",
+    )
     p.add_argument("--figures", metavar="DIR", help="draw the learning curves and the BLEU per seed into DIR")
     p.add_argument(
         "--beside",
@@ -345,6 +358,34 @@ def diverged(run_dir):
     """Where the run diverged (the record quality.py wrote when it stopped it); None if it did not."""
     record = run_dir / "diverged.json"
     return json.loads(record.read_text()) if record.exists() else None
+
+
+def record_dropout_gap(args, run_dir):
+    """The validation loss of a finished run's kept checkpoints with dropout off and on, into
+    RUN/dropout_gap.json (once: a record that exists is whole). A run with no checkpoint left (a
+    diverged run stopped before its first epoch ended) has none."""
+    record, checkpoints = run_dir / "dropout_gap.json", run_dir / "checkpoints"
+    kept = [*checkpoints.glob("checkpoint[0-9]*.pt"), *checkpoints.glob("checkpoint_avg.pt")]
+    if record.exists() or not kept:
+        return
+    print(f"[quality {time.strftime('%H:%M:%S')}] dropout gap: {run_dir}", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1") if args.jobs > 1 else None
+    cmd = [str(VENV / "bin" / "python"), str(DROPOUT_GAP), str(run_dir), "--json", str(record)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"quality.py: error: --dropout-gap on {run_dir}: {last}")
+
+
+def dropout_gap(run_dir):
+    """The run's dropout-gap record with checkpoint names, not local paths; None if it has none."""
+    record = run_dir / "dropout_gap.json"
+    if not record.exists():
+        return None
+    gap = json.loads(record.read_text())
+    for row in gap["rows"]:
+        row["checkpoint"] = Path(row["checkpoint"]).name
+    return gap
 
 
 def finished(run_dir):
@@ -573,6 +614,9 @@ def collect(args, recorded, seeds=None):
                 "folder": f"{run_dir.parent.name}/{run_dir.name}",
                 **quality_report.run_summary(run_dir),
             }
+            gap = dropout_gap(run_dir)
+            if gap is not None:
+                run["dropout_gap"] = gap
             if where is not None:
                 runs.append({**run, "diverged": where, "test_sets": {}})
                 continue
@@ -613,6 +657,11 @@ def main(argv=None):
     else:
         data_dir = prepare_data(args)
         run_all(args, data_dir, recorded)
+    if args.dropout_gap:
+        for seed in args.seeds + args.best_seeds:
+            for config in args.configs:
+                if finished(run_folder(args, config, seed)):
+                    record_dropout_gap(args, run_folder(args, config, seed))
     runs = collect(args, recorded)
     if not runs:
         raise SystemExit(f"quality.py: error: no finished run in {args.out} yet")

@@ -387,11 +387,24 @@ def compared_runs(study):
     return [r for r in study["runs"] if r["variant"] in best and r["lr"] == best[r["variant"]]]
 
 
+def last_gap(run):
+    """The last checkpoint the run's dropout-gap record scored (the averaged one, which translates,
+    when it has one), as "off / on (checkpoint)"; "—" without a record."""
+    rows = (run.get("dropout_gap") or {}).get("rows")
+    if not rows:
+        return "—"
+    row = rows[-1]
+    epoch = row["checkpoint"].removeprefix("checkpoint").removesuffix(".pt")
+    name = "averaged" if epoch == "_avg" else f"epoch {epoch}"
+    return f"{row['dropout_off']:.3f} / {row['dropout_on']:.3f} ({name})"
+
+
 def sweep_table(runs, variants, lrs, what, best=None):
     """A learning-rate sweep as Markdown: per variant and rate, the first seed's validation and test
     sacreBLEU and best validation loss, or where it diverged; each variant's best rate marked."""
     test_names = next((list(r["test_sets"]) for r in runs if r["test_sets"]), [])
     seed = min(r["seed"] for r in runs)
+    gaps = any(r.get("dropout_gap") for r in runs)  # benchmarks/quality.py --dropout-gap
     lines = [
         f"{what}",
         "",
@@ -399,8 +412,9 @@ def sweep_table(runs, variants, lrs, what, best=None):
         "",
         "| variant | peak lr | val BLEU | "
         + " | ".join(f"{name} BLEU" for name in test_names)
-        + " | best valid loss | updates |",
-        "|---|---|---|" + "---|" * len(test_names) + "---|---|",
+        + " | best valid loss | updates |"
+        + (" last checkpoint: valid loss, dropout off / on |" if gaps else ""),
+        "|---|---|---|" + "---|" * len(test_names) + "---|---|" + ("---|" if gaps else ""),
     ]
     by_key = {(r["variant"], r["lr"], r["seed"]): r for r in runs}
     for variant in variants:
@@ -420,6 +434,8 @@ def sweep_table(runs, variants, lrs, what, best=None):
                     + [f"{r['test_sets'][name]['sacrebleu']:.2f}" for name in test_names]
                     + [f"{r['best_valid_loss']:.3f}" if r["best_valid_loss"] is not None else "—", str(r["updates"])]
                 )
+            if gaps:
+                cells.append(last_gap(r) if r else "—")
             lines.append(f"| {variant}{star} | {lr:g} | " + " | ".join(cells) + " |")
     diverged = [r for r in runs if r.get("diverged")]
     if diverged:

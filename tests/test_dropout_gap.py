@@ -1,6 +1,7 @@
 """benchmarks/dropout_gap.py: its dropout-off loss is fairseq-validate's, its dropout-on loss is
 reproducible and different, a run folder reads in epoch order, and bad paths get one line."""
 
+import json
 import re
 import shutil
 
@@ -48,6 +49,19 @@ def test_dropout_on_is_seeded_and_differs(rows):
     assert again == on
     (_, _, _, other_seed), *_ = gap.main([str(CHECKPOINT), "--data", str(DATA), "--seed", "2"])
     assert other_seed != on
+
+
+def test_json_holds_the_printed_rows(rows, tmp_path):
+    """--json (what benchmarks/quality.py --dropout-gap keeps in the study's JSON): the same numbers."""
+    record_path = tmp_path / "run" / "dropout_gap.json"  # its folder is made
+    gap.main([str(CHECKPOINT), "--data", str(DATA), "--json", str(record_path)])
+    record = json.loads(record_path.read_text())
+    assert (record["subset"], record["seed"]) == ("valid", 1)
+    ((checkpoint, updates, off, on),) = rows
+    assert record["rows"] == [
+        {"checkpoint": str(checkpoint), "updates": updates, "dropout_off": round(off, 4), "dropout_on": round(on, 4)}
+    ]
+    assert [p.name for p in record_path.parent.iterdir()] == ["dropout_gap.json"]  # no partial file left
 
 
 def test_a_run_folder_reads_its_epoch_checkpoints_in_order_then_the_average(tmp_path):

@@ -186,7 +186,25 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     assert len((out / "trained").read_text().split()) == 6
     best = quality.best_configs(args, {})
     assert {variant: config.lr for variant, config in best.items()} == {"post-ln": 2e-3, "realformer": 1e-3}
+    # what dropout_gap.py --json leaves in a run folder (quality.py --dropout-gap): local paths become names
+    rows = [(f"{out}/post-ln-lr0.001/seed1/checkpoints/checkpoint{e}.pt", 4 * e, 11.5, 6.9) for e in (1, 2)]
+    rows.append((f"{out}/post-ln-lr0.001/seed1/checkpoints/checkpoint_avg.pt", 8, 10.9, 6.7))
+    (out / "post-ln-lr0.001" / "seed1" / "dropout_gap.json").write_text(
+        json.dumps(
+            {
+                "subset": "valid",
+                "seed": 1,
+                "rows": [{"checkpoint": c, "updates": u, "dropout_off": f, "dropout_on": n} for c, u, f, n in rows],
+            }
+        )
+    )
     runs = quality.collect(args, {})
+    assert [row["checkpoint"] for row in runs[0]["dropout_gap"]["rows"]] == [
+        "checkpoint1.pt",
+        "checkpoint2.pt",
+        "checkpoint_avg.pt",
+    ]
+    assert all("dropout_gap" not in r for r in runs[1:])
     assert [(r["label"], r["seed"], bool(r.get("diverged"))) for r in runs] == [
         ("post-ln lr=0.001", 1, False),
         ("post-ln lr=0.002", 1, False),
@@ -204,6 +222,11 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     report = _load("quality_report")
     table = report.sweep_table(runs, args.variants, args.lrs, "what", {"post-ln": 2e-3, "realformer": 1e-3})
     assert "| realformer | 0.002 | diverged at update 200 |" in table and "| post-ln ★ | 0.002 | " in table
+    assert "| last checkpoint: valid loss, dropout off / on |" in table.splitlines()[4]
+    assert table.splitlines()[6].endswith("| 10.900 / 6.700 (averaged) |")  # post-ln 1e-3: its record's last row
+    assert table.splitlines()[7].endswith("| 264 | — |")  # post-ln 2e-3 has none
+    no_gaps = report.sweep_table(runs[1:], args.variants, args.lrs, "what")
+    assert "dropout" not in no_gaps  # a study without --dropout-gap: the table it always had
     study = {"settings": quality.settings(args), "runs": runs, "best": {"post-ln": 2e-3, "realformer": 1e-3}}
     assert [(r["label"], r["seed"]) for r in report.compared_runs(study)] == [
         ("post-ln lr=0.002", 1),

@@ -619,7 +619,8 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     """benchmarks/quality.py --quick runs the recipe (its --tiny mode) on the real data, German ->
     English, two variants with two seeds side by side, on every test set of the folder; stopped
     mid-way it resumes where it stopped; it reports mean ± std over seeds, paired bootstrap
-    comparisons, the JSON with re-scorable translations, and the figures."""
+    comparisons, the JSON with re-scorable translations, the dropout gap of every run's checkpoints,
+    and the figures."""
     data_before = sorted((p.name, p.stat().st_mtime) for p in MULTI30K.iterdir())
     test_sets = sorted(
         p.name[: -len(".de.gz")]
@@ -638,6 +639,7 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
         "1,2",
         "--jobs",
         "2",
+        "--dropout-gap",
         "--source-lang",
         "de",
         "--target-lang",
@@ -691,6 +693,11 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
         assert list(r["test_sets"]) == test_sets and r["updates"] > 0 and r["wall_s"] > 0 and r["tokens_per_s"] > 0
         assert len(r["valid_curve"]) == 2 and r["best_valid_loss"] == min(loss for _, loss in r["valid_curve"])
         assert r["val"]["signature"].startswith("nrefs:1|case:mixed")  # the validation set is scored too
+        gap = r["dropout_gap"]["rows"]  # --dropout-gap: both epoch checkpoints (--tiny keeps 2), then the average
+        assert [row["checkpoint"] for row in gap] == ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_avg.pt"]
+        for row, (updates, logged) in zip(gap, r["valid_curve"]):  # dropout off: fairseq's own validation
+            assert row["updates"] == updates and row["dropout_off"] == pytest.approx(logged, abs=6e-4)
+        assert all(row["dropout_on"] != pytest.approx(row["dropout_off"], abs=1e-3) for row in gap)
         for name, score_ in {**r["test_sets"], "val": r["val"]}.items():
             assert score_["signature"].startswith("nrefs:1|case:mixed") and "case:lc" in score_["bleu_lc_signature"]
             with gzip.open(
