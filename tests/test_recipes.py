@@ -922,6 +922,20 @@ def test_the_committed_quality_studies_across_seed_tests_follow_from_their_score
     assert study.get("seed_comparisons", []) == report.seed_comparisons(report.compared_runs(study))
 
 
+@pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)
+def test_the_committed_dropout_gaps_agree_with_the_logged_validation_losses(path):
+    """Where a committed run has a dropout-gap record (quality.py --dropout-gap), each epoch
+    checkpoint's dropout-off loss is the validation loss fairseq logged at that update, and the
+    record ends with the averaged checkpoint the run translated with."""
+    for r in json.loads(path.read_text())["runs"]:
+        if "dropout_gap" not in r:
+            continue
+        logged, rows = dict(r["valid_curve"]), r["dropout_gap"]["rows"]
+        epochs = [row for row in rows if row["checkpoint"] != "checkpoint_avg.pt"]
+        assert epochs and all(row["dropout_off"] == pytest.approx(logged[row["updates"]], abs=6e-4) for row in epochs)
+        assert rows[-1]["checkpoint"] == "checkpoint_avg.pt" or r.get("diverged"), r["label"]
+
+
 def test_multi30k_names_a_missing_language_or_test_set(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
