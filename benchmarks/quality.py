@@ -80,13 +80,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dropout_gap as gap_script  # noqa: E402
 import multi30k_args  # noqa: E402
 import quality_report  # noqa: E402
 from repo import REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
 UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
-DROPOUT_GAP = REPO / "benchmarks" / "dropout_gap.py"
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 RECIPE_ARCH = "realformer_iwslt_de_en"  # run.sh's default ARCH
 MAX_TOKENS = "4096"  # run.sh's --max-tokens
@@ -364,20 +364,23 @@ def record_dropout_gap(args, run_dir):
     """The validation loss of a finished run's kept checkpoints with dropout off and on, into
     RUN/dropout_gap.json (once: a record that exists is whole). A run with no checkpoint left (a
     diverged run stopped before its first epoch ended) has none."""
-    record, checkpoints = run_dir / "dropout_gap.json", run_dir / "checkpoints"
-    kept = [*checkpoints.glob("checkpoint[0-9]*.pt"), *checkpoints.glob("checkpoint_avg.pt")]
-    if record.exists() or not kept:
+    record = run_dir / "dropout_gap.json"
+    if record.exists():
+        return
+    try:
+        gap_script.checkpoints_of(run_dir, None)  # what dropout_gap.py scores, if anything
+    except gap_script.InputError:
         return
     print(f"[quality {time.strftime('%H:%M:%S')}] dropout gap: {run_dir}", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1") if args.jobs > 1 else None
-    cmd = [str(VENV / "bin" / "python"), str(DROPOUT_GAP), str(run_dir), "--json", str(record)]
+    cmd = [str(VENV / "bin" / "python"), gap_script.__file__, str(run_dir), "--json", str(record)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise SystemExit(f"quality.py: error: --dropout-gap on {run_dir}: {last}")
 
 
-def dropout_gap(run_dir):
+def gap_record(run_dir):
     """The run's dropout-gap record with checkpoint names, not local paths; None if it has none."""
     record = run_dir / "dropout_gap.json"
     if not record.exists():
@@ -614,7 +617,7 @@ def collect(args, recorded, seeds=None):
                 "folder": f"{run_dir.parent.name}/{run_dir.name}",
                 **quality_report.run_summary(run_dir),
             }
-            gap = dropout_gap(run_dir)
+            gap = gap_record(run_dir)
             if gap is not None:
                 run["dropout_gap"] = gap
             if where is not None:
@@ -658,10 +661,9 @@ def main(argv=None):
         data_dir = prepare_data(args)
         run_all(args, data_dir, recorded)
     if args.dropout_gap:
-        for seed in args.seeds + args.best_seeds:
-            for config in args.configs:
-                if finished(run_folder(args, config, seed)):
-                    record_dropout_gap(args, run_folder(args, config, seed))
+        run_dirs = [run_folder(args, config, seed) for seed in args.seeds + args.best_seeds for config in args.configs]
+        for run_dir in filter(finished, run_dirs):
+            record_dropout_gap(args, run_dir)
     runs = collect(args, recorded)
     if not runs:
         raise SystemExit(f"quality.py: error: no finished run in {args.out} yet")
