@@ -8,22 +8,34 @@ the ``realformer`` architecture; by default
     realformer       RealFormer on ADMIN (profiled ω), all three paths, running mean (the paper's)
 
 Measured for each size (6L-6L and 18L-18L, 512/2048/8) and sentence length (~30 and ~100 tokens):
-training tokens/s (forward + backward + Adam step; target tokens), peak memory of a fresh process
-doing the same training steps (GPU: max allocated; CPU: peak RSS above the RSS before the model is
-built), and beam-4 generation sentences/s with incremental decoding (every hypothesis exactly as long as the reference length, so every
+training tokens/s (forward + backward + Adam step; target tokens), peak memory of doing the same
+training steps (GPU: max allocated above the allocation before the model is built, in this process
+once the timing runs' models are freed; CPU: peak RSS of a fresh process above its RSS before the
+model is built), and beam-4 generation sentences/s with incremental decoding (every hypothesis exactly as long as the reference length, so every
 variant does the same work). Timings are interleaved across variants, repeated, and reported as
 medians; the table gives each variant's ratio to fairseq in the same run, both as the ratio of
 the medians and as the median of the per-repeat (paired) ratios.
 
+Precision on a GPU (``--dtype``) is what fairseq-train does with the plugin loaded:
+    fp32   float32 throughout
+    bf16   ``--bf16``: float32 weights, gradients and Adam; forward (training and generation) under
+           the plugin's bfloat16 autocast (fairseq_realformer/precision.py)
+    fp16   ``--fp16``: the model cast to float16 and a float32 master copy that Adam steps, the
+           loss scaled by 128 (fairseq's FP16Optimizer at its initial scale; overflow checks aside)
+
     python benchmarks/speed.py --quick                 # CPU, a few minutes
     python benchmarks/speed.py --quick --variants fairseq,realformer,realformer-value-residual,resi-dual,resi-dual-realformer
-    python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU
+    python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU (and --dtype fp16)
 """
 
 import argparse
+import contextlib
+import datetime
+import gc
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -43,6 +55,12 @@ VARIANTS = {
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
 SIZES = {"6L-6L": 6, "18L-18L": 18}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PRECISIONS = {
+    "fp32": "float32",
+    "bf16": "--bf16: bfloat16 autocast, float32 weights",
+    "fp16": "--fp16: float16 model, float32 master weights",
+}
+FP16_LOSS_SCALE = 128.0  # fairseq's --fp16-init-scale
 VOCAB = 10000
 
 
@@ -61,7 +79,9 @@ def parse_args(argv=None):
     )
     p.add_argument("--steps", type=int, help="training steps per timed repeat (default: 10 GPU, 3 CPU, 2 --quick)")
     p.add_argument("--repeats", type=int, help="interleaved repeats; medians are reported (default: 5, 3 --quick)")
-    p.add_argument("--dtype", choices=DTYPES, default="fp32")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="fp32", help="fp32, or what fairseq-train's --bf16 / --fp16 do (on a GPU)"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument(
         "--variants", default=DEFAULT_VARIANTS, help=f"comma list of {', '.join(VARIANTS)} (default: %(default)s)"
@@ -150,15 +170,22 @@ class Bench:
     def __init__(self, variant, layers, length, args):
         from fairseq.sequence_generator import SequenceGenerator
 
+        from fairseq_realformer import precision
         from fairseq_realformer.modules import admin
 
-        self.dtype = DTYPES[args.dtype]
         self.device = args.device
-        self.model, self.dictionary = build(variant, layers, args.device, self.dtype)
+        self.fp16 = args.dtype == "fp16"
+        self.model, self.dictionary = build(variant, layers, args.device, DTYPES["fp16" if self.fp16 else "fp32"])
         self.sample = batch(self.dictionary, max(1, args.tokens_per_batch // length), length, args.device)
         admin.initialize(self.model, self.sample["net_input"])  # before the optimizer, as fairseq-train
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-6 if self.dtype != torch.float32 else 1e-8
+        self.params = list(self.model.parameters())
+        # fp16: Adam steps a float32 copy, which is copied back into the float16 model (FP16Optimizer)
+        self.master = [p.detach().float().requires_grad_() for p in self.params] if self.fp16 else None
+        self.optimizer = torch.optim.Adam(self.master or self.params, lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+        self.autocast = (
+            (lambda: precision.autocast(torch.device(args.device).type))
+            if args.dtype == "bf16"
+            else contextlib.nullcontext
         )
         self.tokens = self.sample["target"].numel()
         self.gen_sample = batch(self.dictionary, args.gen_sentences, length, args.device, seed=1)
@@ -171,20 +198,32 @@ class Bench:
         self.model.train()
         for _ in range(steps):
             self.optimizer.zero_grad(set_to_none=True)
-            logits, _ = self.model(**self.sample["net_input"])
-            loss = torch.nn.functional.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), self.sample["target"].view(-1)
-            )
+            self.model.zero_grad(set_to_none=True)
+            with self.autocast():
+                logits, _ = self.model(**self.sample["net_input"])
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.size(-1)), self.sample["target"].view(-1)
+                )
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite training loss {loss.item()}")
-            loss.backward()
-            self.optimizer.step()
+            if self.fp16:
+                (loss * FP16_LOSS_SCALE).backward()
+                for master, param in zip(self.master, self.params):
+                    master.grad = param.grad.float().mul_(1 / FP16_LOSS_SCALE)
+                self.optimizer.step()
+                with torch.no_grad():
+                    for master, param in zip(self.master, self.params):
+                        param.copy_(master)
+            else:
+                loss.backward()
+                self.optimizer.step()
         sync(self.device)
 
     @torch.no_grad()
     def generate(self):
         self.model.eval()
-        hypos = self.generator.forward(self.gen_sample)
+        with self.autocast():
+            hypos = self.generator.forward(self.gen_sample)
         sync(self.device)
         assert all(len(h[0]["tokens"]) == self.length + 1 for h in hypos)  # fixed work: length + EOS
 
@@ -270,15 +309,29 @@ def rss_bytes(field):
 
 
 def peak_memory(args, variant, size, length):
-    """Peak memory of building *variant* and doing the timed training steps: GPU max allocated,
-    or CPU peak RSS above the RSS before the model exists (imports excluded)."""
+    """Peak memory of building *variant* and doing the timed training steps, above the memory in
+    use before the model exists: on a GPU the allocated bytes, measured in this process (they
+    count live tensors only, so once earlier models are freed nothing of them is in it); on a
+    CPU the resident set, of a fresh process (imports excluded; glibc keeps freed memory)."""
+    if str(args.device).startswith("cuda"):
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
+        bench = Bench(variant, SIZES[size], length, args)
+        bench.train_steps(args.steps)
+        del bench
+        return torch.cuda.max_memory_allocated() - baseline
+    return in_fresh_process(args, "--memory-probe", variant, size, length)
+
+
+def peak_memory_probe(args, variant, size, length):
+    """``peak_memory`` on a CPU, run as a fresh process's only work."""
     import fairseq_realformer  # noqa: F401  (imports fairseq before the baseline is taken)
 
     baseline = rss_bytes("VmRSS")
     bench = Bench(variant, SIZES[size], length, args)
     bench.train_steps(args.steps)
-    if str(args.device).startswith("cuda"):
-        return torch.cuda.max_memory_allocated()
     return rss_bytes("VmHWM") - baseline
 
 
@@ -301,9 +354,18 @@ def saved_for_backward_bytes(args, variant, size, length):
     return sum(storages.values())
 
 
+def machine(args):
+    """The hardware beside the device: the GPU's memory and the host's processor and cores."""
+    host = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    if str(args.device).startswith("cuda"):
+        gpu = torch.cuda.get_device_properties(args.device)
+        return f"{gpu.name} ({gpu.total_memory / 2**30:.0f} GiB); host {host}"
+    return host
+
+
 def device_name(args):
     if str(args.device).startswith("cuda"):
-        return f"{torch.cuda.get_device_name()} ({args.dtype})"
+        return f"{torch.cuda.get_device_name()} ({PRECISIONS[args.dtype]})"
     return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (fp32)"
 
 
@@ -344,7 +406,7 @@ def report(args, runs):
 
 def main():
     args = parse_args()
-    for probe, measure in ((args.memory_probe, peak_memory), (args.saved_probe, saved_for_backward_bytes)):
+    for probe, measure in ((args.memory_probe, peak_memory_probe), (args.saved_probe, saved_for_backward_bytes)):
         if probe:
             variant, size, length = probe
             print(measure(args, variant, size, int(length)))
@@ -355,7 +417,7 @@ def main():
             print(f"[speed] {size}, length {length}: timing {', '.join(args.variants)}", file=sys.stderr, flush=True)
             speed = measure_speed(args, size, length)
             for v in args.variants:
-                memory = in_fresh_process(args, "--memory-probe", v, size, length)
+                memory = peak_memory(args, v, size, length)
                 runs.append({"variant": v, "size": size, "length": length, **speed[v], "peak_mem_bytes": memory})
     print(report(args, runs), flush=True)
     write_json(args, runs, [])
@@ -392,7 +454,17 @@ def write_json(args, runs, saved):
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "memory_probe", "saved_probe")}
         Path(args.json).write_text(
             json.dumps(
-                {"device": device_name(args), "settings": settings, "runs": runs, "saved_for_backward": saved}, indent=1
+                {
+                    "command": shlex.join(["python", "benchmarks/speed.py", *sys.argv[1:]]),
+                    "date": datetime.date.today().isoformat(),
+                    "device": device_name(args),
+                    "machine": machine(args),
+                    "torch": torch.__version__,
+                    "settings": settings,
+                    "runs": runs,
+                    "saved_for_backward": saved,
+                },
+                indent=1,
             )
         )
 
