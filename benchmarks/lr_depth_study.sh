@@ -4,21 +4,25 @@
 #      variant at its best rate on validation BLEU;
 #   2. depth: the five variants at 12+12 layers, lr 2e-3 and 4e-3, seed 1, each run's checkpoints
 #      also scored with dropout off and on (--dropout-gap: a deep Post-LN can break with it off only);
+#      then seeds 2 and 3 of the variants that train there (pre-ln, admin, realformer), each at its
+#      best 12+12 rate on validation BLEU;
 #   3. the post-ln-realformer rows of the 18+18 depth-stability tables (lr 3e-3 and 6e-3), added to
-#      the committed tables with post-ln re-run as the control.
+#      the committed tables with post-ln re-run as the control;
+#   4. the paper's depth: admin and realformer at 18+18 layers, lr 2e-3, seed 1, with the dropout gap.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 #
-#   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT]
+#   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-precision=bf16 jobs=2 out=$root/runs machine="$(uname -m) CPU, $(nproc) cores"
+precision=bf16 jobs=2 out=$root/runs machine="$(uname -m) CPU, $(nproc) cores" stages=1,2,3,4
 while [ $# -gt 0 ]; do
   case "$1" in
     --precision) precision=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --machine) machine=$2; shift 2 ;;
-    *) echo "lr_depth_study.sh: error: unknown option $1 (--precision, --jobs, --out, --machine)" >&2; exit 2 ;;
+    --stages) stages=$2; shift 2 ;;
+    *) echo "lr_depth_study.sh: error: unknown option $1 (--precision, --jobs, --out, --machine, --stages)" >&2; exit 2 ;;
   esac
 done
 case "$precision" in
@@ -30,24 +34,37 @@ py=${REALFORMER_VENV:-$root/.venv}/bin/python
 results=$root/benchmarks/results
 variants=post-ln,pre-ln,admin,realformer,post-ln-realformer
 say() { echo "[study $(date +%H:%M:%S)] $*"; }
+stage() { [[ ",$stages," == *",$1,"* ]]; }
 # nice ranks processes only inside a session where Linux groups sessions (autogroup): started with
 # setsid, the study's session would take an equal share of the cores however niced; make it yield
 echo 19 2>/dev/null > /proc/self/autogroup || true
 
-say "1/3 learning-rate sweep, $precision, $jobs trainings side by side, in $out/lr-sweep"
+if stage 1; then
+say "1/4 learning-rate sweep, $precision, $jobs trainings side by side, in $out/lr-sweep"
 nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --lr 2e-3,4e-3,8e-3 --seeds 1 \
   --best-seeds 2,3 --variants $variants --jobs "$jobs" --out "$out/lr-sweep" --machine "$machine" \
   --json "$results/cpu-quality-lr-sweep-multi30k-en-de$tag.json" --figures "$root/docs/figures/lr-sweep"
+fi
 
-say "2/3 depth: 12+12 layers in $out/depth-12"
+if stage 2; then
+say "2/4 depth: 12+12 layers in $out/depth-12"
 nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 12 --lr 2e-3,4e-3 \
-  --seeds 1 --variants $variants --jobs "$jobs" --dropout-gap --out "$out/depth-12" --machine "$machine" \
+  --seeds 1 --best-seeds 2,3 --best-variants pre-ln,admin,realformer --variants $variants --jobs "$jobs" \
+  --dropout-gap --out "$out/depth-12" --machine "$machine" \
   --json "$results/cpu-quality-depth-12-multi30k-en-de$tag.json" --figures "$root/docs/figures/lr-sweep" \
   --beside "$results/cpu-quality-lr-sweep-multi30k-en-de$tag.json"
+fi
 
-for lr in 3e-3 6e-3; do
-  say "3/3 depth stability, 18+18 layers, lr $lr: post-ln-realformer and a post-ln control"
+if stage 3; then for lr in 3e-3 6e-3; do
+  say "3/4 depth stability, 18+18 layers, lr $lr: post-ln-realformer and a post-ln control"
   nice -n 19 "$py" "$root/benchmarks/depth_stability.py" --variants post-ln-realformer,post-ln --lr $lr \
     --out "$out/depth-stability-$lr" --add-to "$results/cpu-depth-stability-lr$lr.json" --machine "$machine"
-done
+done; fi
+
+if stage 4; then
+say "4/4 the paper's depth: admin and realformer at 18+18 layers in $out/depth-18"
+nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --lr 2e-3 \
+  --seeds 1 --variants admin,realformer --jobs "$jobs" --dropout-gap --out "$out/depth-18" \
+  --machine "$machine" --json "$results/cpu-quality-depth-18-multi30k-en-de$tag.json"
+fi
 say "done"

@@ -167,6 +167,12 @@ def parse_args(argv=None):
         "--seeds runs scored the best validation BLEU",
     )
     p.add_argument(
+        "--best-variants",
+        metavar="A,B,...",
+        help="with --best-seeds: only these of --variants get the further seeds (default: all; e.g. not "
+        "the ones that do not train at this depth)",
+    )
+    p.add_argument(
         "--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)"
     )
     p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
@@ -240,6 +246,8 @@ def parse_args(argv=None):
     ]
     args.sweep, args.lr, args.lrs = sweep, None if sweep else lrs[0], lrs
     args.best_seeds = []
+    if args.best_variants is not None and args.best_seeds_given is None:
+        p.error("--best-variants: only with --best-seeds")
     if args.best_seeds_given is not None:
         try:
             args.best_seeds = sorted({int(s) for s in args.best_seeds_given.split(",") if s.strip()})
@@ -247,6 +255,11 @@ def parse_args(argv=None):
             p.error(f"--best-seeds {args.best_seeds_given}: expected a comma list of integers, e.g. 2,3")
         if not sweep:
             p.error("--best-seeds: needs several --lr to choose from")
+        if args.best_variants is not None:
+            args.best_variants = [v.strip() for v in args.best_variants.split(",") if v.strip()]
+            unknown = [v for v in args.best_variants if v not in args.variants]
+            if unknown or not args.best_variants:
+                p.error(f"--best-variants {','.join(unknown)}: give some of --variants ({','.join(args.variants)})")
         if set(args.best_seeds) & set(args.seeds):
             p.error(
                 f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, args.seeds))}"
@@ -545,6 +558,7 @@ def settings(args):
         "jobs": args.jobs,
         **({"lrs": args.lrs} if args.sweep else {}),
         **({"best_seeds": args.best_seeds} if args.best_seeds else {}),
+        **({"best_variants": args.best_variants} if args.best_variants else {}),
         **({"bf16": True} if args.bf16 else {}),
     }
 
@@ -568,9 +582,11 @@ def run_all(args, data_dir, recorded):
             for config in args.configs:
                 submit(config, seed)
         while True:
-            for config in best_configs(args, recorded).values():
-                for seed in args.best_seeds:
-                    submit(config, seed)
+            best = best_configs(args, recorded)
+            for seed in args.best_seeds:  # seed 2 of every variant before seed 3: partial results stay balanced
+                for variant, config in best.items():
+                    if variant in (args.best_variants or args.variants):
+                        submit(config, seed)
             if not pending:
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
