@@ -26,6 +26,13 @@ Precision on a GPU (``--dtype``) is what fairseq-train does with the plugin load
     python benchmarks/speed.py --quick                 # CPU, a few minutes
     python benchmarks/speed.py --quick --variants fairseq,realformer,realformer-value-residual,resi-dual,resi-dual-realformer
     python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU (and --dtype fp16)
+
+A plugin variant's name with ``+eager`` or ``+fused`` appended runs its residual attention that
+way (``--residual-attention-kernel``; the plain name is ``auto``: fused on CUDA, eager on a CPU),
+e.g. ``--variants fairseq,realformer+eager,realformer``. ``--tokens-per-batch 4096,16384`` times
+training at each batch size (generation, whose batch is ``--gen-sentences``, at the first only).
+``--profile`` also records, per cell and variant, the CUDA kernels of one training step
+(torch.profiler) and the attention kernels among them, which name the SDPA backend that ran.
 """
 
 import argparse
@@ -53,6 +60,19 @@ VARIANTS = {
     **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()},
 }
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
+KERNEL_SUFFIXES = ("+eager", "+fused")  # a plugin variant run with --residual-attention-kernel eager / fused
+
+
+def variant_flags(name):
+    """The flags of *name*: a VARIANTS entry, or a plugin variant + ``+eager`` / ``+fused``
+    (KeyError for anything else)."""
+    for suffix in KERNEL_SUFFIXES:
+        base = name[: -len(suffix)]
+        if name.endswith(suffix) and base in PLUGIN_VARIANTS:
+            return [*VARIANTS[base], "--residual-attention-kernel", suffix[1:]]
+    return VARIANTS[name]
+
+
 SIZES = {"6L-6L": 6, "18L-18L": 18}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PRECISIONS = {
@@ -71,8 +91,9 @@ def parse_args(argv=None):
     p.add_argument("--lengths", default="30,100", help="sentence lengths in tokens (default: %(default)s)")
     p.add_argument(
         "--tokens-per-batch",
-        type=int,
-        help="training batch size in target tokens (default: 4096 on GPU, 1024 on CPU, 512 with --quick)",
+        metavar="N[,N...]",
+        help="training batch size in target tokens, or a comma list of sizes, each timed "
+        "(default: 4096 on GPU, 1024 on CPU, 512 with --quick)",
     )
     p.add_argument(
         "--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU, 4 --quick)"
@@ -94,6 +115,12 @@ def parse_args(argv=None):
         "in DTYPE at 4096 target tokens (any device): the part of training memory the "
         "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="count the CUDA kernels of one training step per variant (torch.profiler; none on a CPU) "
+        "and name the attention kernels among them",
+    )
     p.add_argument("--json", help="also write the numbers here")
     p.add_argument("--memory-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
     p.add_argument("--saved-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
@@ -102,16 +129,34 @@ def parse_args(argv=None):
     args.sizes = (args.sizes or ("6L-6L" if args.quick else ",".join(SIZES))).split(",")
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.variants = args.variants.split(",")
-    for name, given, known in (("--sizes", args.sizes, SIZES), ("--variants", args.variants, VARIANTS)):
-        if set(given) - set(known):
-            p.error(f"{name}: unknown {', '.join(sorted(set(given) - set(known)))}; choose from {', '.join(known)}")
+    if set(args.sizes) - set(SIZES):
+        p.error(f"--sizes: unknown {', '.join(sorted(set(args.sizes) - set(SIZES)))}; choose from {', '.join(SIZES)}")
+    unknown = [v for v in args.variants if not _known_variant(v)]
+    if unknown:
+        p.error(
+            f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)} "
+            f"(a plugin variant may end in {' or '.join(KERNEL_SUFFIXES)})"
+        )
     if args.dtype != "fp32" and not gpu:
         p.error("--dtype fp16/bf16 needs a GPU (--device cuda)")
-    args.tokens_per_batch = args.tokens_per_batch or (4096 if gpu else 512 if args.quick else 1024)
+    default_tokens = 4096 if gpu else 512 if args.quick else 1024
+    try:
+        args.token_budgets = [int(x) for x in (args.tokens_per_batch or str(default_tokens)).split(",")]
+    except ValueError:
+        p.error(f"--tokens-per-batch {args.tokens_per_batch}: expected a number or a comma list, e.g. 4096,16384")
+    args.tokens_per_batch = args.token_budgets[0]
     args.gen_sentences = args.gen_sentences or (64 if gpu else 4 if args.quick else 8)
     args.steps = args.steps or (10 if gpu else 2 if args.quick else 3)
     args.repeats = args.repeats or (3 if args.quick else 5)
     return args
+
+
+def _known_variant(name):
+    try:
+        variant_flags(name)
+    except KeyError:
+        return False
+    return True
 
 
 def build(variant, layers, device, dtype):
@@ -129,7 +174,7 @@ def build(variant, layers, device, dtype):
         "/unused",
         "--user-dir",
         str(USER_DIR),
-        *VARIANTS[variant],
+        *variant_flags(variant),
         "--share-all-embeddings",
         "--encoder-layers",
         str(layers),
@@ -239,17 +284,21 @@ def timed(fn):
     return time.perf_counter() - start
 
 
-def measure_speed(args, size, length):
-    """Interleaved repeats over variants; medians of training tokens/s and generation sents/s."""
+def measure_speed(args, size, length, generation=True):
+    """Interleaved repeats over variants; medians of training tokens/s and (with *generation*)
+    generation sents/s; with --profile, each variant's CUDA kernels in one training step."""
     benches = {v: Bench(v, SIZES[size], length, args) for v in args.variants}
     for bench in benches.values():  # warm-up: allocator, kernels, lazy initialisation
         bench.train_steps(1)
-        bench.generate()
+        if generation:
+            bench.generate()
+    kernels = {v: cuda_kernels_of_a_training_step(bench) for v, bench in benches.items()} if args.profile else {}
     train, gen = {v: [] for v in benches}, {v: [] for v in benches}
     for _ in range(args.repeats):
         for v, bench in benches.items():
             train[v].append(bench.tokens * args.steps / timed(lambda: bench.train_steps(args.steps)))
-            gen[v].append(args.gen_sentences / timed(bench.generate))
+            if generation:
+                gen[v].append(args.gen_sentences / timed(bench.generate))
     del benches
 
     def spread(xs):  # how much the repeats disagree: the noise floor of the ratios
@@ -263,14 +312,52 @@ def measure_speed(args, size, length):
     return {
         v: {
             "train_tokens_per_s": statistics.median(train[v]),
-            "gen_sents_per_s": statistics.median(gen[v]),
             "train_spread": spread(train[v]),
-            "gen_spread": spread(gen[v]),
             "train_ratio_paired": paired(train, v),
-            "gen_ratio_paired": paired(gen, v),
+            **(
+                {
+                    "gen_sents_per_s": statistics.median(gen[v]),
+                    "gen_spread": spread(gen[v]),
+                    "gen_ratio_paired": paired(gen, v),
+                }
+                if generation
+                else {}
+            ),
+            **({"cuda_kernels": kernels[v]} if v in kernels else {}),
         }
         for v in train
     }
+
+
+# Substrings of the CUDA kernel names of PyTorch's SDPA backends (and of eager attention's pieces).
+ATTENTION_KERNELS = {
+    "memory-efficient": ("fmha", "efficient_attention", "mem_efficient"),
+    "flash": ("flash_fwd", "flash_bwd", "pytorch_flash"),
+    "cudnn": ("cudnn", "sm90_xmma_fmha", "generated_fmha"),
+}
+
+
+def cuda_kernels_of_a_training_step(bench):
+    """CUDA kernels launched by one training step of *bench* (torch.profiler): how many in all,
+    the ten most frequent names, and the attention kernels by SDPA backend."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            bench.train_steps(1)
+        counts = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                counts[event.name] = counts.get(event.name, 0) + 1
+    except Exception as e:  # a profiler that fails must not cost the timings of a lent GPU's run
+        return {"error": f"{type(e).__name__}: {e}"}
+    backends = {}
+    for name, n in counts.items():
+        for backend, marks in ATTENTION_KERNELS.items():
+            if any(mark in name.lower() for mark in marks):
+                backends.setdefault(backend, {})[name] = n
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:10]
+    return {"total": sum(counts.values()), "distinct": len(counts), "attention": backends, "top": dict(top)}
 
 
 def in_fresh_process(args, probe, variant, size, length):
@@ -372,29 +459,46 @@ def device_name(args):
 def paired(run):
     if run.get("train_ratio_paired") is None:
         return "—"
-    return f"{run['train_ratio_paired']:.3f} / {run['gen_ratio_paired']:.3f}"
+    gen = run.get("gen_ratio_paired")
+    return f"{run['train_ratio_paired']:.3f} / " + ("—" if gen is None else f"{gen:.3f}")
 
 
 def report(args, runs):
+    budgets = ", ".join(map(str, args.token_budgets))
     lines = [
-        f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{args.tokens_per_batch} "
+        f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{budgets} "
         f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
         f"generation: beam 4, {args.gen_sentences} sentences per batch",
         "",
-        "| size | length | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
-        "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| size | length | tokens | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
+        "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |"
+        + (" CUDA kernels / step | × fairseq |" if args.profile else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.profile else ""),
     ]
-    base = {(r["size"], r["length"]): r for r in runs if r["variant"] == "fairseq"}
+    cell = lambda r: (r["size"], r["length"], r["tokens_per_batch"])  # noqa: E731
+    base = {cell(r): r for r in runs if r["variant"] == "fairseq"}
     for r in runs:
-        b = base.get((r["size"], r["length"]))
-        ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) else "—"  # noqa: E731
-        lines.append(
-            f"| {r['size']} | {r['length']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
-            f"{ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | {ratio('peak_mem_bytes')} | "
-            f"{r['gen_sents_per_s']:.2f} | {ratio('gen_sents_per_s')} | {paired(r)} | "
-            f"{r['train_spread']:.0%} / {r['gen_spread']:.0%} |"
+        b = base.get(cell(r))
+        ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) and r.get(key) else "—"  # noqa: E731
+        gen = f"{r['gen_sents_per_s']:.2f}" if "gen_sents_per_s" in r else "—"
+        gen_spread = f"{r['gen_spread']:.0%}" if "gen_spread" in r else "—"
+        line = (
+            f"| {r['size']} | {r['length']} | {r['tokens_per_batch']} | {r['variant']} | "
+            f"{r['train_tokens_per_s']:.0f} | {ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | "
+            f"{ratio('peak_mem_bytes')} | {gen} | {ratio('gen_sents_per_s')} | {paired(r)} | "
+            f"{r['train_spread']:.0%} / {gen_spread} |"
         )
+        if args.profile:
+            kernels, base_kernels = r.get("cuda_kernels"), (b or {}).get("cuda_kernels")
+            counted = kernels and "total" in kernels
+            count = f"{kernels['total']}" if counted else "—"
+            times = (
+                f"{kernels['total'] / base_kernels['total']:.3f}"
+                if counted and base_kernels and base_kernels.get("total")
+                else "—"
+            )
+            line += f" {count} | {times} |"
+        lines.append(line)
     lines += [
         "",
         "× fairseq: ratio of the medians. paired: median over repeats of the ratio to fairseq's run in "
@@ -414,11 +518,28 @@ def main():
     runs = []
     for size in args.sizes:
         for length in args.lengths:
-            print(f"[speed] {size}, length {length}: timing {', '.join(args.variants)}", file=sys.stderr, flush=True)
-            speed = measure_speed(args, size, length)
-            for v in args.variants:
-                memory = peak_memory(args, v, size, length)
-                runs.append({"variant": v, "size": size, "length": length, **speed[v], "peak_mem_bytes": memory})
+            for budget in args.token_budgets:
+                args.tokens_per_batch = budget  # what Bench and the memory probes read
+                print(
+                    f"[speed] {size}, length {length}, {budget} tokens: timing {', '.join(args.variants)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                speed = measure_speed(args, size, length, generation=budget == args.token_budgets[0])
+                for v in args.variants:
+                    memory = peak_memory(args, v, size, length)
+                    runs.append(
+                        {
+                            "variant": v,
+                            "size": size,
+                            "length": length,
+                            "tokens_per_batch": budget,
+                            **speed[v],
+                            "peak_mem_bytes": memory,
+                        }
+                    )
+                write_json(args, runs, [])  # partial results survive a run stopped at a time limit
+    args.tokens_per_batch = args.token_budgets[0]
     print(report(args, runs), flush=True)
     write_json(args, runs, [])
     saved = []

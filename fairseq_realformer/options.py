@@ -71,6 +71,15 @@ FLAGS = (
         "lambda = sigmoid(x.w + b) per token and head, w and b zero at initialisation",
     ),
     Flag(
+        "--residual-attention-kernel",
+        "auto",
+        choices=("auto", "fused", "eager"),  # modules/residual_attention.py's KERNELS
+        model_defining=False,
+        help="how residual attention runs: fused: one scaled_dot_product_attention call per layer "
+        "(the carried scores as its additive bias); eager: the score chain op by op (the reference); "
+        "auto: eager (on an H100 the fused layers were not faster yet). The same numbers either way",
+    ),
+    Flag(
         "--backbone",
         "admin",
         choices=tuple(BACKBONES),
@@ -185,6 +194,7 @@ class RealformerOptions:
     admin_init_path: Optional[str]
     value_paths: FrozenSet[str] = frozenset()  # paths with value residual
     value_mix: str = "half"
+    kernel: str = "auto"  # how residual attention runs (ResidualMultiheadAttention.kernel)
 
     @property
     def normalize_before(self) -> bool:
@@ -225,6 +235,7 @@ class RealformerOptions:
             admin_init_path=args.admin_init_path or None,
             value_paths=parse_paths(args.value_residual_paths, "--value-residual-paths"),
             value_mix=args.value_residual_mix,
+            kernel=args.residual_attention_kernel,
         )
         options._check_against(args)
         return options

@@ -67,8 +67,12 @@ def assert_same_translations(stdout, expected_lines):
         assert got[key][0] == pytest.approx(scores, abs=1e-4), key
 
 
+@pytest.mark.parametrize("kernel", ["auto", "fused"])
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
-def test_old_checkpoint_generates_identically(work, variant):
+def test_old_checkpoint_generates_identically(work, variant, kernel):
+    """A 0.1.0 checkpoint translates as it did then; also with residual attention forced through the fused kernel (a checkpoint made
+    before it existed)."""
+    overrides = ["--model-overrides", "{'residual_attention_kernel': 'fused'}"] if kernel == "fused" else []
     result = run(
         "fairseq-generate",
         "bin",
@@ -82,6 +86,7 @@ def test_old_checkpoint_generates_identically(work, variant):
         "8",
         "--max-len-b",
         "12",
+        *overrides,
         cwd=work,
     )
     assert_same_translations(result.stdout, EXPECTED[variant]["generate"])

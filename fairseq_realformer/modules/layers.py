@@ -117,6 +117,7 @@ class _Backbone:
             running_mean=options.running_mean,
             value_mix=value_mix,
             value_gate=value_mix == "learned" and self.index > 0,  # layer 1's values are V_1 itself
+            kernel=options.kernel,
             **kwargs,
         )
 

@@ -33,6 +33,20 @@ the first layer of the path that runs in this pass. V_1 is carried in float32 wh
 computes in half precision (float16 or bfloat16, also under ``--bf16``'s autocast), as the scores
 are.
 
+Two implementations compute the same thing (``--residual-attention-kernel``). The *eager* chain
+forms ``S_n``, masks and divides it, and runs softmax, dropout and the value product as separate
+kernels: the reference, and what answers ``need_weights`` (the analysis tool's capture). The
+*fused* one is one ``scaled_dot_product_attention`` call, through the exact identity
+
+    softmax(S_n / n + mask) = softmax(Q Kᵀ · 1/(n√d) + (S_{n-1} / n + mask))
+
+that is, this layer's own product at scale 1/(n√d) (1/√d for the sum) plus an additive bias
+``S_{n-1}/n + mask``, which PyTorch's memory-efficient kernel takes with its gradient; ``S_n`` to
+hand on is one ``baddbmm``. Dropout runs inside the kernel (the same distribution as the eager
+dropout, not the same mask). ``auto``, the default, is eager: on an H100 the fused layer launched
+more CUDA kernels than the eager one and trained no faster (benchmarks/RESULTS.md, "Fused residual
+attention"), so it stays opt-in (``fused``) until a measurement says otherwise.
+
 A layer calls one of two modules per attention sublayer, the same way:
 ``ResidualMultiheadAttention`` where its path carries scores or values, ``PlainMultiheadAttention``
 (fairseq's own) where it carries nothing. Both take what the path carried (``Carried``) and answer
@@ -45,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import RealformerConfigError
 
@@ -52,6 +67,12 @@ from ..errors import RealformerConfigError
 # float16's 65504, and bfloat16's 8-bit mantissa doubles the error of S_18 against float32
 # (tests/test_bf16.py).
 HALF = (torch.float16, torch.bfloat16)
+
+KERNELS = ("auto", "fused", "eager")  # --residual-attention-kernel
+# On CUDA the fused call is pinned to the memory-efficient kernel, the one that takes an additive
+# bias and returns its gradient (flash takes no bias; cuDNN's bias gradient is not guaranteed);
+# PyTorch falls back to its math path (with a warning that says why) only where that one refuses.
+_CUDA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class _SoftmaxSavedInHalf(torch.autograd.Function):
@@ -77,9 +98,9 @@ class _SoftmaxSavedInHalf(torch.autograd.Function):
 
 
 def _softmax(logits: Tensor, dtype: torch.dtype) -> Tensor:
-    """Attention probabilities in *dtype*, computed in float32."""
-    if dtype == torch.float32:
-        return F.softmax(logits, dim=-1, dtype=torch.float32)
+    """Attention probabilities in *dtype*, computed in float32 (in float64 for float64)."""
+    if dtype not in HALF:
+        return F.softmax(logits.to(dtype), dim=-1)
     return _SoftmaxSavedInHalf.apply(logits, dtype)
 
 
@@ -146,6 +167,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
     Args:
         residual_scores: carry the scores (RealFormer); else this layer's scores stay its own.
         running_mean: softmax over ``S_n / n`` instead of ``S_n`` (the paper's choice for NMT).
+        kernel: "fused" (one ``scaled_dot_product_attention`` call), "eager" (the score chain op
+            by op) or "auto" (eager, see above); eager whenever the probabilities are asked for.
         value_mix: "half" or "learned" on a value-residual path, else None.
         value_gate: build λ's w and b (``learned``, layers n ≥ 2).
         Other arguments as for fairseq's ``MultiheadAttention``.
@@ -160,6 +183,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         running_mean: bool = False,
         value_mix: Optional[str] = None,
         value_gate: bool = False,
+        kernel: str = "auto",
         **kwargs,
     ):
         for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):
@@ -169,6 +193,9 @@ class ResidualMultiheadAttention(MultiheadAttention):
         self.residual_scores = residual_scores
         self.running_mean = running_mean and residual_scores
         self.value_mix = value_mix
+        if kernel not in KERNELS:
+            raise RealformerConfigError(f"--residual-attention-kernel {kernel}: choose from {', '.join(KERNELS)}")
+        self.kernel = kernel
         # λ = sigmoid(x·w + b) per head; zeros (no random draw), so λ starts at ½
         self.value_gate = ValueGate(embed_dim, num_heads) if value_gate else None
 
@@ -219,12 +246,20 @@ class ResidualMultiheadAttention(MultiheadAttention):
         v, first_values, mix_after = self._value_residual_after_cache(query, v, first_values)
 
         prev_scores = carried.scores if self.residual_scores else None
-        attn, probs, scores = self._attend(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
+        need_probs = need_weights or need_head_weights
+        if need_probs or not self._fused():
+            attn, probs, scores = self._attend(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
+        else:
+            attn, scores = self._attend_fused(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
         attn = self._value_residual_after_attention(attn, mix_after)
 
-        attn = self.out_proj(attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim))
-        weights = _weights(probs, bsz, self.num_heads, need_head_weights) if need_weights or need_head_weights else None
+        attn = self.out_proj(_merge_heads(attn, tgt_len, bsz, embed_dim))
+        weights = _weights(probs, bsz, self.num_heads, need_head_weights) if need_probs else None
         return Attended(attn, weights, Carried(scores if self.residual_scores else None, first_values))
+
+    def _fused(self) -> bool:
+        """Whether this module takes the fused kernel (``kernel``; auto: not yet, see above)."""
+        return self.kernel == "fused"
 
     # --- value residual: before the cache (self-attention), after it (cross-attention) ------------
 
@@ -250,6 +285,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         Without (*mix* None), *attn* as it is."""
         if mix is None:
             return attn
+        mix = mix.view(*attn.shape[:-1], 1)  # (batch * heads, rows, 1), or per head for the fused output
         return torch.lerp(attn[..., self.head_dim :], attn[..., : self.head_dim], mix)
 
     def _mix_values(self, query: Tensor, v: Tensor, first_values: Optional[Tensor]):
@@ -287,6 +323,43 @@ class ResidualMultiheadAttention(MultiheadAttention):
         logits = self._mask(logits, logits is not scores, attn_mask, key_padding_mask, kv_bsz)
         probs = _softmax(logits, v.dtype)
         return self._weighted_sum(probs, v, kv_bsz), probs, scores
+
+    def _attend_fused(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
+        """The same as ``_attend`` in one ``scaled_dot_product_attention`` call (the module's
+        docstring has the identity). Returns (the weighted sum of the values as
+        ``(batch, heads, length, value_dim)``, in the layout the kernel wrote it (on CUDA a view of
+        ``(batch, length, heads, value_dim)``: ``_merge_heads`` copies it once), and ``S_n`` to hand
+        on or None off a score path)."""
+        heads, rows = self.num_heads, q.size(1)
+        divisor = depth if self.running_mean and depth > 1 else 1
+        q = q * self.scaling  # once, for the kernel and for S_n: their gradients meet before this mul
+        bias = _additive_mask(attn_mask, key_padding_mask, kv_bsz, heads, q.dtype)
+        if prev_scores is not None:  # S_{n-1} / n + mask
+            prev = prev_scores.view(kv_bsz, -1, heads, rows, prev_scores.size(-1))
+            prev = _fold_beam(prev)  # a hypothesis's rows next to its sentence's: one batch per sentence
+            bias = prev * (1 / divisor) if bias is None else torch.add(bias, prev, alpha=1 / divisor)
+            if q.dtype == torch.float16:  # softmax ignores a shift per row: keep the bias within float16's range
+                bias = bias - bias.detach().amax(dim=-1, keepdim=True)
+            bias = bias.to(q.dtype)  # the kernel takes the bias in q's dtype; S_n stays float32
+        out = _sdpa(
+            _fold_beam(q.view(kv_bsz, -1, heads, rows, q.size(-1))),
+            k.view(kv_bsz, heads, -1, k.size(-1)),
+            v.view(kv_bsz, heads, -1, v.size(-1)),
+            bias,
+            dropout_p=self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0,
+            scale=1 / divisor,
+        )
+        out = _unfold_beam(out, q.size(0) // (kv_bsz * heads), rows)
+        if not self.residual_scores:
+            return out, None
+        k_t = k.transpose(1, 2)
+        if prev_scores is None:
+            scores = self._per_head_bmm(q, k_t, kv_bsz)
+        elif prev_scores.dtype == q.dtype and q.size(0) == k_t.size(0):
+            scores = torch.baddbmm(prev_scores, q, k_t)
+        else:
+            scores = prev_scores + self._per_head_bmm(q, k_t, kv_bsz)
+        return out, _carried_dtype(scores)
 
     def _scores(self, q: Tensor, k: Tensor, prev_scores: Optional[Tensor], kv_bsz: int) -> Tensor:
         """S_n = Q Kᵀ/√d + S_{n-1} (*prev_scores*; None: the path's first layer, or a layer that
@@ -386,6 +459,54 @@ class ValueGate(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """(tokens, bsz, embed_dim) → (tokens, bsz, heads)."""
         return torch.sigmoid(F.linear(x, self.weight, self.bias))
+
+
+def _additive_mask(attn_mask, key_padding_mask, kv_bsz: int, heads: int, dtype) -> Optional[Tensor]:
+    """This layer's masks as one additive bias, broadcastable to ``(kv_bsz, heads, rows, keys)``
+    (``-inf`` at padded keys, *attn_mask* as given); None without masks. A decoding step's query
+    rows of every hypothesis of a sentence share its sentence's padding (``_fold_beam``)."""
+    bias = None
+    if key_padding_mask is not None:
+        padding = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, -1)
+        bias = torch.where(padding, float("-inf"), 0.0)  # float32, one kernel
+    if attn_mask is not None:
+        bias = attn_mask if bias is None else bias + attn_mask
+    return bias if bias is None else bias.to(dtype)
+
+
+def _fold_beam(t: Tensor) -> Tensor:
+    """``(sentences, beam, heads, rows, cols)`` → ``(sentences, heads, beam * rows, cols)``: in
+    beamable cross-attention every hypothesis attends over its sentence's keys, so a sentence's
+    hypotheses are rows of one attention (a view when the beam is 1)."""
+    sentences, beam, heads, rows, cols = t.shape
+    if beam == 1:
+        return t.view(sentences, heads, rows, cols)
+    return t.transpose(1, 2).reshape(sentences, heads, beam * rows, cols)
+
+
+def _unfold_beam(out: Tensor, beam: int, rows: int) -> Tensor:
+    """``_fold_beam``'s inverse for the attention's output: ``(batch, heads, rows, dim)``."""
+    if beam == 1:
+        return out
+    sentences, heads, _, dim = out.shape
+    return out.view(sentences, heads, beam, rows, dim).transpose(1, 2).reshape(-1, heads, rows, dim)
+
+
+def _merge_heads(attn: Tensor, tgt_len: int, bsz: int, embed_dim: int) -> Tensor:
+    """The heads' outputs side by side, ``(tgt_len, bsz, embed_dim)``, from the eager chain's
+    ``(bsz * heads, tgt_len, head_dim)`` or the fused kernel's ``(bsz, heads, tgt_len, head_dim)``."""
+    if attn.dim() == 4:
+        return attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+    return attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], dropout_p: float, scale: float) -> Tensor:
+    """``scaled_dot_product_attention`` over ``(batch, heads, length, dim)``, pinned on CUDA to
+    the kernel that differentiates the bias (``_CUDA_BACKENDS``)."""
+    if q.is_cuda:
+        with sdpa_kernel(_CUDA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
 def _carried_dtype(t: Tensor) -> Tensor:
