@@ -339,16 +339,19 @@ ATTENTION_KERNELS = {
 
 def cuda_kernels_of_a_training_step(bench):
     """CUDA kernels launched by one training step of *bench* (torch.profiler): how many in all,
-    the ten most frequent names, and the attention kernels by SDPA backend."""
+    the ten most frequent names, the attention kernels by SDPA backend, and the 40 most frequent
+    ATen operators of the step (to tell which ones launched the kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             bench.train_steps(1)
-        counts = {}
+        counts, ops = {}, {}
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 counts[event.name] = counts.get(event.name, 0) + 1
+            elif event.name.startswith("aten::"):  # which operators launched them (nested ones too)
+                ops[event.name] = ops.get(event.name, 0) + 1
     except Exception as e:  # a profiler that fails must not cost the timings of a lent GPU's run
         return {"error": f"{type(e).__name__}: {e}"}
     backends = {}
@@ -357,7 +360,14 @@ def cuda_kernels_of_a_training_step(bench):
             if any(mark in name.lower() for mark in marks):
                 backends.setdefault(backend, {})[name] = n
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:10]
-    return {"total": sum(counts.values()), "distinct": len(counts), "attention": backends, "top": dict(top)}
+    top_ops = sorted(ops.items(), key=lambda kv: -kv[1])[:40]
+    return {
+        "total": sum(counts.values()),
+        "distinct": len(counts),
+        "attention": backends,
+        "top": dict(top),
+        "aten_ops": dict(top_ops),
+    }
 
 
 def in_fresh_process(args, probe, variant, size, length):
