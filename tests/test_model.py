@@ -115,8 +115,9 @@ def test_matches_reference(paths, mode, backbone, value_residual):
         heads=HEADS,
         **value_residual_of(value_residual),
     )
-    # ResiDual's output x + LN(d) adds two unit-scale streams: twice float32's rounding
-    atol = 2e-5 if backbone == "resi-dual" else 1e-5
+    # ResiDual's output x + LN(d) adds two unit-scale streams: twice float32's rounding, and more
+    # on some CPUs' BLAS (2.4e-5 seen on an Intel Xeon VM, in one of 360 logits)
+    atol = 4e-5 if backbone == "resi-dual" else 1e-5
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True), atol)
     assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False), atol)
     # the alignment fairseq reports: last layer's cross-attention probabilities, head-averaged
@@ -147,8 +148,9 @@ def test_incremental_decoding_equals_full_forward(paths, mode, backbone, value_r
     state = {}
     for t in range(prev.size(1)):
         step, step_extra = model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-        torch.testing.assert_close(step[:, 0], full[:, t], rtol=0, atol=1e-5)
-        torch.testing.assert_close(step_extra["attn"][0][:, 0], full_extra["attn"][0][:, t], rtol=0, atol=1e-5)
+        # float32 sums in another order: 1.06e-5 seen on an Intel Xeon VM's BLAS
+        torch.testing.assert_close(step[:, 0], full[:, t], rtol=0, atol=2e-5)
+        torch.testing.assert_close(step_extra["attn"][0][:, 0], full_extra["attn"][0][:, t], rtol=0, atol=2e-5)
 
 
 @pytest.mark.parametrize(

@@ -287,7 +287,9 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
                 key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state,
                 static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
+                # only when asked (the alignment layer): fairseq's layer also computes every other
+                # layer's weights in eval, which its decoder drops; that would keep them off the fused path
+                need_weights=need_attn,
                 need_head_weights=need_head_weights,
             )
         x, carry = self._feed_forward(x, carry)
