@@ -79,7 +79,9 @@ ok = (sys.implementation.name == "cpython" and sys.version_info[:2] in ((3, 11),
       and sys.platform == "linux" and platform.machine() == "x86_64"
       and tuple(map(int, (platform.libc_ver()[1] or "0.0").split(".")[:2])) >= (2, 28))  # manylinux_2_28
 print(int(ok))')
-if [ "$choice" = auto ]; then
+if [ "$choice" = auto ] && [ -n "$installed" ]; then
+  source=${installed%% *}  # what an earlier run installed stays, until REALFORMER_FAIRSEQ says otherwise
+elif [ "$choice" = auto ]; then
   source=$([ "$wheel_exists" = 1 ] && echo ve-fairseq || echo sdist)
 else
   source=$choice
