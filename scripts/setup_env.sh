@@ -40,7 +40,8 @@ if [ ! -x "$venv/bin/python" ]; then
     die "no '$python' on PATH: install Python 3.10-3.13, or name one with PYTHON=python3.11"
 fi
 base_py=$([ -x "$venv/bin/python" ] && echo "$venv/bin/python" || echo "$python")
-version=$("$base_py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+version=$("$base_py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) ||
+  die "'$base_py' does not run here (a pyenv shim of a version not selected?): name a Python 3.10-3.13 that runs, e.g. PYTHON=/path/to/python3.11"
 case $version in
   3.10 | 3.11 | 3.12 | 3.13) ;;
   3.[0-9]) die "Python $version ($base_py): torch 2.13 has no wheel for it; use Python 3.10-3.13 (PYTHON=python3.11 $0)" ;;
