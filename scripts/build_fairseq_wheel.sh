@@ -61,5 +61,6 @@ mkdir -p "$out"
   grep -E "error|Error" "$work/build.log" | tail -n 5 >&2 || true
   die "building fairseq 0.12.2 failed (its errors are above)"
 }
-mv "$work"/dist/fairseq-0.12.2-*.whl "$out/"
-say "fairseq 0.12.2: built in $((SECONDS - start)) s: $(ls "$out"/fairseq-0.12.2-*.whl | tr '\n' ' ')"
+wheel=$(basename "$work"/dist/fairseq-0.12.2-*.whl)
+mv "$work/dist/$wheel" "$out/"
+say "fairseq 0.12.2: built in $((SECONDS - start)) s: $out/$wheel"

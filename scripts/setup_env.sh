@@ -93,6 +93,9 @@ stamp="$venv/.fairseq-realformer-setup"
 want=$(cat "$root/requirements.txt" "$root/setup.py" "$patch_file" <(echo "$source") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   pip=("$py" -m pip --disable-pip-version-check)
+  if [ "$source" = ve-fairseq ] && [ "$wheel_exists" != 1 ]; then
+    die "REALFORMER_FAIRSEQ=ve-fairseq: ve-fairseq has wheels for CPython 3.11/3.12 on Linux x86_64 only (this is Python $version on $(uname -s) $(uname -m)); use REALFORMER_FAIRSEQ=sdist or auto"
+  fi
   # --- network: every install below needs the package index ---
   index=${PIP_INDEX_URL:-$("${pip[@]}" config get global.index-url 2>/dev/null || echo https://pypi.org/simple)}
   if ! reason=$("$py" - "$index" "${PIP_CERT:-}" <<'PY' 2>&1
@@ -119,9 +122,6 @@ PY
     fi
   fi
 
-  if [ "$source" = ve-fairseq ] && [ "$wheel_exists" != 1 ]; then
-    die "REALFORMER_FAIRSEQ=ve-fairseq: ve-fairseq has wheels for CPython 3.11/3.12 on Linux x86_64 only (this is Python $version on $(uname -s) $(uname -m)); use REALFORMER_FAIRSEQ=sdist or auto"
-  fi
   # One fairseq package at a time: switching source removes the other of ours first.
   if [ "${installed%% *}" != user ] && [ -n "$installed" ] && [ "${installed%% *}" != "$source" ]; then
     say "removing ${installed#* } (switching to $source)"
