@@ -6,7 +6,7 @@ It runs on this Python in a throwaway environment whose packages, but for fairse
 are the suite's own: a .pth file points at links to them, so torch is not downloaded again and
 setup_env.sh finds every pin but fairseq installed. What is downloaded is the sdist (9.6 MB) and
 the isolated build's setuptools, Cython and numpy (pip's cache keeps them). The wheel is built
-anew each time (an empty REALFORMER_CACHE).
+anew each time (an empty REALFORMER_CACHE), beside the rest of the suite.
 """
 
 import importlib.metadata as md
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from .background import Job
 from .cli import N_TEST, SCRIPTS, clean_env
 from .helpers import REPO, USER_DIR
 from .interchange import BIN, SMALL, fixture_made_under, last_checkpoint, translation_lines
@@ -39,19 +40,28 @@ def suite_packages_but_fairseq(links: Path) -> None:
             (links / entry.name).symlink_to(entry)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def build(job):
     """The throwaway environment, set up by scripts/setup_env.sh with REALFORMER_FAIRSEQ=sdist."""
-    root = tmp_path_factory.mktemp("sdist-build")
-    venv = root / "venv"
+    venv = job.folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    suite_packages_but_fairseq(root / "suite-packages")
-    (next(venv.glob("lib/python*/site-packages")) / "suite-packages.pth").write_text(f"{root / 'suite-packages'}\n")
+    suite_packages_but_fairseq(job.folder / "suite-packages")
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "suite-packages.pth").write_text(f"{job.folder / 'suite-packages'}\n")
     env = {**clean_env(), "REALFORMER_VENV": str(venv), "REALFORMER_FAIRSEQ": "sdist"}
-    env["REALFORMER_CACHE"] = str(root / "cache")
-    result = subprocess.run([SCRIPTS / "setup_env.sh"], env=env, capture_output=True, text=True, timeout=1200, cwd=REPO)
+    env["REALFORMER_CACHE"] = str(job.folder / "cache")
+    result = job.run([SCRIPTS / "setup_env.sh"], env=env, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return venv, result.stdout
+
+
+# about 2 minutes, mostly compiling: beside the rest of the suite (tests/background.py)
+BUILD = Job(build)
+BACKGROUND = [BUILD]
+
+
+@pytest.fixture(scope="module")
+def built():
+    return BUILD.result()
 
 
 def run_in(venv, program, *args, cwd, stdin=None):

@@ -16,19 +16,29 @@ import json
 import pytest
 import torch
 
+from .background import Job
 from .cli import run
 from .helpers import USER_DIR
 from .interchange import BIN, FIXTURES, installed_fairseq, last_checkpoint, outcomes, translation_lines
 
 
-@pytest.fixture(scope="module")
-def crossed(tmp_path_factory):
+def cross(job):
     """What the checkpoints made under the other fairseq give under this one, and what they gave
     under their own."""
     made_under = next(name for name in FIXTURES if name != installed_fairseq())
     fixture = FIXTURES[made_under]
     expected = json.loads((fixture / "expected.json").read_text())
-    return outcomes(fixture, tmp_path_factory.mktemp("crossed")), expected
+    return outcomes(fixture, job.folder), expected
+
+
+# a minute of fairseq commands one after the other: beside the rest of the suite (tests/background.py)
+CROSS = Job(cross)
+BACKGROUND = [CROSS]
+
+
+@pytest.fixture(scope="module")
+def crossed():
+    return CROSS.result()
 
 
 @pytest.mark.parametrize(
