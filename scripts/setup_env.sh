@@ -153,6 +153,10 @@ PY
     say "installing torch, fairseq ($source) and the pinned stack (requirements.txt) in one pip command"
     # One command: without torch pinned beside them, pip would pick the newest torch (a CUDA build).
     "${pip[@]}" install -q ${torch_index[@]+"${torch_index[@]}"} -r "$root/requirements.txt" "${fairseq_reqs[@]}"
+    if [ "$source" = sdist ]; then
+      # a wheel of the same version built with an earlier patch counts as installed for pip
+      "${pip[@]}" install -q --force-reinstall --no-deps "$wheel"
+    fi
     "${pip[@]}" install -q --no-deps -e "$root"
   fi
   if [ "$source" = sdist ]; then
