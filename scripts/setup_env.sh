@@ -9,7 +9,8 @@
 # Which fairseq (auto): the ve-fairseq wheel where one exists (CPython 3.11/3.12 on Linux x86_64);
 # elsewhere fairseq 0.12.2 from PyPI's sdist (hash-checked) with scripts/fairseq-0.12.2.patch applied,
 # built once into a wheel kept in ~/.cache/fairseq-realformer (REALFORMER_CACHE=DIR: another) and
-# reused. A fairseq the environment already has from elsewhere (e.g. built from source) is kept:
+# reused; an environment set up before keeps the one it has. A fairseq from elsewhere (e.g. built
+# from source) is kept:
 # only the plugin and its own small dependencies are installed, never a second copy.
 #
 # Idempotent: it installs only when requirements.txt, setup.py, the patch or the choice changed.
@@ -22,12 +23,10 @@ python=${PYTHON:-python3}
 choice=${REALFORMER_FAIRSEQ:-auto}
 cache=${REALFORMER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fairseq-realformer}
 patch_file=$root/scripts/fairseq-0.12.2.patch
-# PyPI's fairseq 0.12.2 source distribution, and its sha256 as PyPI lists it
-sdist_req="fairseq==0.12.2"
-sdist_sha256=34f1b18426bf3844714534162f065ab733e049597476daa35fffb4d06a92b524
 ve_fairseq_reqs=(ve-fairseq==0.12.3 torchaudio==2.11.0)  # ve-fairseq requires torchaudio; pinned to torch 2.13's
 
 say() { echo "[setup] $*"; }
+sha256() { if command -v sha256sum >/dev/null 2>&1; then sha256sum "$@"; else shasum -a 256 "$@"; fi; }  # macOS: shasum
 die() { echo "[setup] error: $*" >&2; exit 1; }
 
 case $choice in auto | ve-fairseq | sdist) ;; *)
@@ -90,7 +89,7 @@ fi
 if [ "${installed%% *}" = user ]; then source=user; fi
 
 stamp="$venv/.fairseq-realformer-setup"
-want=$(cat "$root/requirements.txt" "$root/setup.py" "$patch_file" <(echo "$source") | sha256sum | cut -d' ' -f1)
+want=$(cat "$root/requirements.txt" "$root/setup.py" "$patch_file" <(echo "$source") | sha256 | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   pip=("$py" -m pip --disable-pip-version-check)
   if [ "$source" = ve-fairseq ] && [ "$wheel_exists" != 1 ]; then
@@ -133,7 +132,7 @@ PY
     ve-fairseq) fairseq_reqs=("${ve_fairseq_reqs[@]}") ;;
     sdist)
       # one wheel per patch and Python version (its name says which Python and platform)
-      wheels="$cache/fairseq-0.12.2-patch-$(sha256sum "$patch_file" | cut -c1-12)"
+      wheels="$cache/fairseq-0.12.2-patch-$(sha256 "$patch_file" | cut -c1-12)"
       cp=cp${version/./}
       wheel=$(ls "$wheels"/fairseq-0.12.2-"$cp"-*.whl 2>/dev/null | head -n 1 || true)
       if [ -n "$wheel" ]; then
