@@ -10,8 +10,8 @@
 # elsewhere fairseq 0.12.2 from PyPI's sdist (hash-checked) with scripts/fairseq-0.12.2.patch applied,
 # built once into a wheel kept in ~/.cache/fairseq-realformer (REALFORMER_CACHE=DIR: another) and
 # reused; an environment set up before keeps the one it has. A fairseq from elsewhere (e.g. built
-# from source) is kept:
-# only the plugin and its own small dependencies are installed, never a second copy.
+# from source) is kept: only the plugin and its own small dependencies are installed, never a
+# second copy.
 #
 # Idempotent: it installs only when requirements.txt, setup.py, the patch or the choice changed.
 # A missing prerequisite (Python version, venv, compiler, network) is one line naming the fix.
