@@ -82,7 +82,10 @@ def outcomes(fixture: Path, work: Path) -> dict:
     found["average_score"] = score.stdout.strip().splitlines()[-1]
     found["average_hypotheses"] = (work / "score" / "test.hyp.tgt").read_text().splitlines()
     analysis = work / "analysis.json"
-    run("realformer-analyze", BIN, "--checkpoints", last, "--max-sentences", "8", "--cpu", "--json", analysis)
+    run(
+        *("realformer-analyze", BIN, "--checkpoints", last, "--max-sentences", "8", "--cpu"),
+        *("--json", analysis, "--out", work / "figures"),
+    )
     found["analysis"] = _rounded(json.loads(analysis.read_text()))
     log = train(ckpt, UPDATES + RESUMED, work, "--no-save")
     assert f"Loaded checkpoint {ckpt / 'checkpoint_last.pt'}" in log, log[-2000:]
