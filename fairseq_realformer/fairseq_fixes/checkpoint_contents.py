@@ -37,9 +37,8 @@ def drop_better_transformer_copies(load_checkpoint_to_cpu):
     fairseq main and ve-fairseq refuse to load: ``Unexpected key(s) in state_dict:
     "encoder.layers.0.in_proj_weight", ...``. Every value in them is a copy of a weight the model
     has (or zeros, before the first load), so where the running fairseq's layers lack them they are
-    dropped from the loaded ``model``: such a checkpoint translates, averages and is analysed
-    under either fairseq. Its optimizer state still counts the copies' 8 parameters per layer, so
-    resuming it under another fairseq needs ``--reset-optimizer``.
+    dropped from the loaded ``model``. Its optimizer state, if resumed, still counts the copies' 8
+    parameters per layer (not tried: ``--reset-optimizer`` is what leaves it out).
 
     Call site: ``Trainer.load_checkpoint`` (resuming, ``--finetune-from-model``) and
     ``load_model_ensemble_and_task`` (fairseq-generate, fairseq-interactive, the hub) call
