@@ -27,6 +27,7 @@ from fairseq_realformer.checkpoints import read_checkpoint
 
 from .cli import N_TEST, OPTIMIZE, SCRIPTS, TINY, run
 from .helpers import USER_DIR
+from .interchange import installed_fairseq
 from .test_compat import FIXTURES, hypotheses
 
 DATA = FIXTURES / "bin"  # the toy corpus, binarised with a joined dictionary
@@ -187,8 +188,8 @@ def test_the_same_checkpoints(runs, checkpoint):
 
 def test_the_averaged_checkpoint_translates_the_same(runs):
     """The average is the mean of the checkpoints, and fairseq-generate translates with it as
-    fairseq alone does, except that fairseq (default batching) drops the sentences of its last
-    batch, which the plugin translates (fairseq #5036)."""
+    fairseq alone does, except that fairseq main (default batching) drops the sentences of its
+    last batch, which the plugin translates (fairseq #5036; 0.12.2 does not drop them)."""
     work, _ = runs
     average = work / "average.pt"  # of fairseq's own checkpoints, with our script (no fairseq wheel has one)
     run(
@@ -225,7 +226,8 @@ def test_the_averaged_checkpoint_translates_the_same(runs):
 
     with ThreadPoolExecutor(2) as pool:
         fairseq, plugin = pool.map(generate, SIDES)
-    assert len(plugin) == 2 * N_TEST and len(fairseq) == 2 * (N_TEST - dropped_by_fairseq("test", 12000)) < len(
-        plugin
-    )  # generate's max-tokens
+    dropped = dropped_by_fairseq("test", 12000)  # generate's max-tokens
+    assert len(plugin) == 2 * N_TEST and len(fairseq) == 2 * (N_TEST - dropped)
+    # fairseq main (ve-fairseq) drops sentences here; 0.12.2 (built from its sdist) predates that
+    assert dropped > 0 or installed_fairseq() == "fairseq"
     assert {key: plugin[key] for key in fairseq} == fairseq

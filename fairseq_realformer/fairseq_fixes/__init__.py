@@ -22,6 +22,7 @@ from typing import Callable, Tuple
 from ..errors import RealformerConfigError
 from ..patching import patch
 from .batching import keep_last_batch, same_batches_after_resuming
+from .checkpoint_contents import drop_better_transformer_copies
 from .checkpoint_files import (
     copy_checkpoints_whole,
     name_missing_checkpoints,
@@ -72,6 +73,11 @@ FIXES = (
         name_missing_folders,
         "fairseq.hub_utils.from_pretrained",
         ("fairseq.models.fairseq_model.BaseFairseqModel.from_pretrained",),
+    ),
+    Fix(
+        drop_better_transformer_copies,
+        "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
+        ("fairseq.trainer.Trainer.load_checkpoint", "fairseq.checkpoint_utils.load_model_ensemble_and_task"),
     ),
     Fix(name_missing_finetune_model, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(refuse_missing_restore_file, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
