@@ -12,7 +12,7 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="MIT",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     packages=find_packages(include=["fairseq_realformer", "fairseq_realformer.*"]),
     # fairseq itself is deliberately not a hard requirement: a user who has fairseq from
     # source must not get a second distribution writing the same `fairseq` package.
