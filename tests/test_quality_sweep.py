@@ -278,10 +278,59 @@ def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
         (["--best-seeds", "2"], "--best-seeds: needs several --lr to choose from"),
         (["--lr", "1e-3,2e-3", "--best-seeds", "1,2"], "--best-seeds 1,2: the sweep's --seeds already train 1"),
         (["--lr", "1e-3,2e-3", "--best-seeds", "two"], "--best-seeds two: expected a comma list of integers, e.g. 2,3"),
+        (["--best-variants", "admin"], "--best-variants: only with --best-seeds"),
+        (
+            ["--lr", "1e-3,2e-3", "--best-seeds", "2", "--variants", "admin,realformer", "--best-variants", "pre-ln"],
+            "--best-variants pre-ln: give some of --variants (admin,realformer)",
+        ),
     ]:
         with pytest.raises(SystemExit):
             quality.parse_args(["--data", str(data), *flags])
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+
+
+def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, monkeypatch):
+    """--best-seeds 2,3 --best-variants pre-ln,admin: with every seed-1 run of the sweep recorded,
+    only those two variants train further seeds, each at its best rate on validation BLEU, and
+    seed 2 of both before seed 3."""
+    quality = _load("quality")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    args = quality.parse_args(
+        ["--data", str(data), "--out", str(tmp_path / "out"), "--lr", "2e-3,4e-3", "--seeds", "1"]
+        + ["--best-seeds", "2,3", "--variants", "post-ln,pre-ln,admin", "--best-variants", "pre-ln,admin"]
+    )
+    val = {("post-ln", 2e-3): 30.0, ("post-ln", 4e-3): 31.0, ("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0}
+    val.update({("admin", 2e-3): 37.0, ("admin", 4e-3): 34.0})
+    recorded = {
+        (c.label, 1): {
+            "variant": c.variant,
+            "lr": c.lr,
+            "label": c.label,
+            "seed": 1,
+            "val": {"sacrebleu": val[c.variant, c.lr]},
+        }
+        for c in args.configs
+    }
+    trained = []
+
+    class Runner:  # records what would be trained, in order, one at a time
+        stopping = False
+
+        def __init__(self, args, data_dir):
+            pass
+
+        def run(self, config, seed):
+            trained.append((config.label, seed))
+
+        def stop(self, *_):
+            pass
+
+    monkeypatch.setattr(quality, "Runner", Runner)
+    args.jobs = 1
+    quality.run_all(args, data, recorded)
+    assert trained == [("pre-ln lr=0.004", 2), ("admin lr=0.002", 2), ("pre-ln lr=0.004", 3), ("admin lr=0.002", 3)]
 
 
 def test_fairseq_log_reads_its_stats_lines_in_both_log_formats():
