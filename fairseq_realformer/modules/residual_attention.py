@@ -316,7 +316,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
     def _attend(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
         """The RealFormer score chain, top to bottom. q, k, v: ``(batch * heads, length, head_dim)``.
         Returns (the weighted sum of the values, this layer's probabilities, ``S_n`` to hand on)."""
-        scores = self._scores(q, k, prev_scores, kv_bsz)  # S_n = QKᵀ/√d + S_{n-1}
+        scores = self._scores(q * self.scaling, k, prev_scores, kv_bsz)  # S_n = QKᵀ/√d + S_{n-1}
         if scores.dtype in HALF:
             scores = scores.float()  # carried in float32 (HALF)
         logits = scores / depth if self.running_mean and depth > 1 else scores  # running mean: S_n / n
@@ -352,19 +352,12 @@ class ResidualMultiheadAttention(MultiheadAttention):
         out = _unfold_beam(out, q.size(0) // (kv_bsz * heads), rows)
         if not self.residual_scores:
             return out, None
-        k_t = k.transpose(1, 2)
-        if prev_scores is None:
-            scores = self._per_head_bmm(q, k_t, kv_bsz)
-        elif prev_scores.dtype == q.dtype and q.size(0) == k_t.size(0):
-            scores = torch.baddbmm(prev_scores, q, k_t)
-        else:
-            scores = prev_scores + self._per_head_bmm(q, k_t, kv_bsz)
-        return out, _carried_dtype(scores)
+        return out, _carried_dtype(self._scores(q, k, prev_scores, kv_bsz))
 
     def _scores(self, q: Tensor, k: Tensor, prev_scores: Optional[Tensor], kv_bsz: int) -> Tensor:
-        """S_n = Q Kᵀ/√d + S_{n-1} (*prev_scores*; None: the path's first layer, or a layer that
-        does not carry scores)."""
-        q, k_t = q * self.scaling, k.transpose(1, 2)
+        """S_n = Q Kᵀ/√d + S_{n-1} from the queries already scaled by 1/√d (*prev_scores*: None on
+        the path's first layer, or a layer that does not carry scores)."""
+        k_t = k.transpose(1, 2)
         if prev_scores is None:
             return self._per_head_bmm(q, k_t, kv_bsz)
         if prev_scores.dtype == q.dtype and q.size(0) == k_t.size(0):
