@@ -17,6 +17,7 @@ from typing import FrozenSet, Optional
 from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
 from .modules.backbones import BACKBONES
+from .modules.residual_attention import KERNELS
 from .modules.sublayers import PATHS  # the names --residual-attention-paths takes: encoder, decoder, cross
 
 MODES = ("sum", "mean")
@@ -73,7 +74,7 @@ FLAGS = (
     Flag(
         "--residual-attention-kernel",
         "auto",
-        choices=("auto", "fused", "eager"),  # modules/residual_attention.py's KERNELS
+        choices=KERNELS,
         model_defining=False,
         help="how residual attention runs: fused: one scaled_dot_product_attention call per layer "
         "(the carried scores as its additive bias); eager: the score chain op by op (the reference); "

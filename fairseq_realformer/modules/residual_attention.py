@@ -333,7 +333,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         heads, rows = self.num_heads, q.size(1)
         divisor = depth if self.running_mean and depth > 1 else 1
         q = q * self.scaling  # once, for the kernel and for S_n: their gradients meet before this mul
-        bias = _additive_mask(attn_mask, key_padding_mask, kv_bsz, heads, q.dtype)
+        bias = _additive_mask(attn_mask, key_padding_mask, kv_bsz, q.dtype)
         if prev_scores is not None:  # S_{n-1} / n + mask
             prev = prev_scores.view(kv_bsz, -1, heads, rows, prev_scores.size(-1))
             prev = _fold_beam(prev)  # a hypothesis's rows next to its sentence's: one batch per sentence
@@ -454,7 +454,7 @@ class ValueGate(nn.Module):
         return torch.sigmoid(F.linear(x, self.weight, self.bias))
 
 
-def _additive_mask(attn_mask, key_padding_mask, kv_bsz: int, heads: int, dtype) -> Optional[Tensor]:
+def _additive_mask(attn_mask, key_padding_mask, kv_bsz: int, dtype) -> Optional[Tensor]:
     """This layer's masks as one additive bias, broadcastable to ``(kv_bsz, heads, rows, keys)``
     (``-inf`` at padded keys, *attn_mask* as given); None without masks. A decoding step's query
     rows of every hypothesis of a sentence share its sentence's padding (``_fold_beam``)."""
