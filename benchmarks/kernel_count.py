@@ -4,7 +4,8 @@ launches, so the number of kernels predicts the time; on this CPU it is counted 
 every run.
 
 Measured for each variant and size (6L-6L, 18L-18L: 512/2048/8, the weights of speed.py's ``build``)
-and sentence length (30 and 100 tokens), in float32 on the CPU:
+and sentence length (30 and 100 tokens), on the CPU, in float32 or (``--precision bf16``) under the
+plugin's --bf16 autocast, whose casts a GPU runs as copy kernels:
     train ops     ATen operations of one training step: the model's forward on 16 sentences of
                   LENGTH tokens, the cross-entropy loss as speed.py's ``Bench.train_steps`` takes it,
                   and ``loss.backward()`` (no optimizer step; the gradients start empty)
@@ -42,6 +43,7 @@ variant's name with ``+eager`` or ``+fused`` appended runs its residual attentio
     python benchmarks/kernel_count.py                    # default variants, both sizes and lengths
     python benchmarks/kernel_count.py --sizes 6L-6L --lengths 30 --breakdown realformer
     python benchmarks/kernel_count.py --variants fairseq,realformer+eager,realformer+fused --json counts.json
+    python benchmarks/kernel_count.py --precision bf16 --sizes 6L-6L --breakdown realformer+fused
 """
 
 import argparse
@@ -76,6 +78,7 @@ NO_KERNEL_OPS = frozenset(
     {"_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"}
 )
 FUSED, FUSED_BACKWARD = "fused_attention", "fused_attention_backward"
+PRECISIONS = ("fp32", "bf16")
 # the same builtin in torch 2.13; both named so that a Python wrapper around one is still caught
 SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 # what an uncaught scaled_dot_product_attention decomposes into on this CPU
@@ -118,6 +121,13 @@ def parse_args(argv=None):
         help="also print VARIANT's operations by name beside fairseq's, the largest differences first",
     )
     p.add_argument("--top", type=int, default=10, help="operation names per breakdown table (default: %(default)s)")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32, or bf16: the plugin's --bf16, bfloat16 autocast around the forward and the loss (not "
+        "the backward) and around the decode, float32 weights; its casts are counted (default: %(default)s)",
+    )
     p.add_argument("--json", help="also write the numbers here, with every count by operation name")
     args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -247,19 +257,29 @@ class Counting:
             raise RuntimeError(f"attention ran as ATen operations the count does not know: {', '.join(uncaught)}")
 
 
-def train_step(model, sample, counting=None):
-    """Forward, loss and backward as speed.py's Bench.train_steps, without the optimizer step."""
+def autocast(precision):
+    """Where the plugin's --bf16 computes in bfloat16 (``precision.autocast``), or nothing (fp32)."""
+    from fairseq_realformer import precision as bf16
+
+    return bf16.autocast("cpu") if precision == "bf16" else contextlib.nullcontext()
+
+
+def train_step(model, sample, counting=None, precision="fp32"):
+    """Forward, loss and backward as speed.py's Bench.train_steps, without the optimizer step;
+    under bf16 the forward and the loss run in the autocast and the backward outside it, as
+    fairseq-train's --bf16 runs them with the plugin."""
     model.train()
     model.zero_grad(set_to_none=True)
     torch.manual_seed(SEED)  # the same dropout masks with and without the counting
     with counting or contextlib.nullcontext():
-        logits, _ = model(**sample["net_input"])
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), sample["target"].view(-1))
+        with autocast(precision):
+            logits, _ = model(**sample["net_input"])
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), sample["target"].view(-1))
         loss.backward()
     return [loss.detach(), *(p.grad for p in model.parameters())]
 
 
-def saved_for_backward_bytes(model, sample):
+def saved_for_backward_bytes(model, sample, precision="fp32"):
     """Bytes of the distinct storages autograd keeps for backward in one training forward."""
     storages = {}
 
@@ -274,16 +294,16 @@ def saved_for_backward_bytes(model, sample):
 
     model.train()
     torch.manual_seed(SEED)
-    with torch.autograd.graph.saved_tensors_hooks(keep, never_unpacked):
+    with torch.autograd.graph.saved_tensors_hooks(keep, never_unpacked), autocast(precision):
         model(**sample["net_input"])
     return sum(storage.nbytes() for storage in storages.values())
 
 
 @torch.no_grad()
-def decode(generator, sample, length, counting=None):
+def decode(generator, sample, length, counting=None, precision="fp32"):
     generator.model.eval()
     torch.manual_seed(SEED)
-    with counting or contextlib.nullcontext():
+    with counting or contextlib.nullcontext(), autocast(precision):
         hypos = generator.forward(sample)
     assert all(len(h[0]["tokens"]) == length + 1 for h in hypos)  # fixed work: length + EOS
     return [h[key] for sentence in hypos for h in sentence for key in ("tokens", "score", "positional_scores")]
@@ -298,7 +318,7 @@ def assert_equal(plain, counted, what):
         raise AssertionError(f"{what}: the counted run computed other numbers than the plain run")
 
 
-def count(variant, size, length, check):
+def count(variant, size, length, check, precision="fp32"):
     """One variant at one size and length: its operations and saved bytes. With *check*, each step
     also runs without the counting first, and must compute the same numbers."""
     from fairseq.sequence_generator import SequenceGenerator
@@ -308,19 +328,19 @@ def count(variant, size, length, check):
     model, dictionary = speed.build(variant, speed.SIZES[size], "cpu", torch.float32)
     sample = speed.batch(dictionary, TRAIN_SENTENCES, length, "cpu")
     admin.initialize(model, sample["net_input"])  # ω profiled here, not in the counted step
-    saved = saved_for_backward_bytes(model, sample)
-    plain = train_step(model, sample) if check else None
+    saved = saved_for_backward_bytes(model, sample, precision)
+    plain = train_step(model, sample, precision=precision) if check else None
     train = Counting()
-    counted = train_step(model, sample, train)
+    counted = train_step(model, sample, train, precision)
     if check:
         assert_equal(plain, counted, f"{variant}, training step")
     del plain, counted
     model.zero_grad(set_to_none=True)
     generator = SequenceGenerator([model], dictionary, beam_size=BEAM, max_len_a=0, max_len_b=length, min_len=length)
     gen_sample = speed.batch(dictionary, DECODE_SENTENCES, length, "cpu", seed=1)
-    plain = decode(generator, gen_sample, length) if check else None
+    plain = decode(generator, gen_sample, length, precision=precision) if check else None
     gen = Counting()
-    counted = decode(generator, gen_sample, length, gen)
+    counted = decode(generator, gen_sample, length, gen, precision)
     if check:
         assert_equal(plain, counted, f"{variant}, beam decode")
     return {
@@ -328,6 +348,7 @@ def count(variant, size, length, check):
         "size": size,
         "length": length,
         "flags": speed.variant_flags(variant),
+        "precision": precision,
         "checked": check,
         "train_ops": sum(train.counts.values()),
         "decode_ops": sum(gen.counts.values()),
@@ -341,13 +362,13 @@ def count(variant, size, length, check):
     }
 
 
-def device_name():
-    return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (fp32)"
+def device_name(precision="fp32"):
+    return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads ({precision})"
 
 
-def report(runs):
+def report(runs, precision):
     lines = [
-        f"Device: {device_name()}; torch {torch.__version__}; training step: forward, cross-entropy and "
+        f"Device: {device_name(precision)}; torch {torch.__version__}; training step: forward, cross-entropy and "
         f"backward of {TRAIN_SENTENCES} sentences × LENGTH tokens; decode: beam {BEAM}, {DECODE_SENTENCES} "
         "sentences, LENGTH tokens + EOS each; saved: bytes kept for backward by the training forward",
         "",
@@ -399,14 +420,14 @@ def main():
         for length in args.lengths:
             for v in args.variants:
                 start = time.perf_counter()
-                runs.append(count(v, size, length, check=v not in checked))
+                runs.append(count(v, size, length, check=v not in checked, precision=args.precision))
                 checked.add(v)
                 print(
                     f"[kernel_count] {size}, length {length}, {v}: {time.perf_counter() - start:.0f} s",
                     file=sys.stderr,
                     flush=True,
                 )
-    print(report(runs))
+    print(report(runs, args.precision))
     if args.breakdown:
         print(breakdown(runs, args.breakdown, args.top))
     if args.json:
@@ -418,14 +439,14 @@ def main():
             "decode_sentences": DECODE_SENTENCES,
             "beam": BEAM,
             "seed": SEED,
-            "dtype": "fp32",
+            "dtype": args.precision,
         }
         Path(args.json).write_text(
             json.dumps(
                 {
                     "command": shlex.join(["python", "benchmarks/kernel_count.py", *sys.argv[1:]]),
                     "date": datetime.date.today().isoformat(),
-                    "device": device_name(),
+                    "device": device_name(args.precision),
                     "machine": speed.machine(argparse.Namespace(device="cpu")),
                     "torch": torch.__version__,
                     "settings": settings,

@@ -264,3 +264,43 @@ def test_every_attention_module_of_a_plugin_layer_answers_attended():
     for hook in hooks:
         hook.remove()
     assert answers and set(answers) == {Attended}
+
+
+@pytest.mark.parametrize("kernel", ["eager", "fused"])
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_training_projects_with_one_gemm_and_computes_what_separate_projections_compute(kind, kernel):
+    """In training the projections of one input run as one GEMM (q, k, v in self-attention; k,
+    v in cross-attention): the parameters keep their names, and the output, the carried scores
+    and every gradient are those of the three projections run one by one."""
+    kwargs = {"self_attention": True} if kind == "self" else {"encoder_decoder_attention": True}
+    _, ours = pair(**kwargs)
+    ours.kernel = kernel
+    ours.dropout_module.p = 0.0
+    ours.train()
+    x = torch.randn(T, B, EMBED, dtype=torch.float64, requires_grad=True)
+    enc = x if kind == "self" else torch.randn(S, B, EMBED, dtype=torch.float64, requires_grad=True)
+    prev = torch.randn(B * HEADS, T, enc.size(0), dtype=torch.float64)
+    kpm = padding([5, 3, 4], T, left=False) if kind == "self" else padding([7, 2, 5], S)
+    ours = ours.double()
+    results = []
+    for together in (True, False):
+        ours.zero_grad(set_to_none=True)
+        x.grad = enc.grad = None
+        ours._projects_together = lambda: together  # the instance attribute shadows the method
+        assert [name for name, _ in ours.named_parameters()] == [n for n, _ in pair(**kwargs)[1].named_parameters()]
+        out, _, (scores, _) = ours(x, enc, enc, key_padding_mask=kpm, carried=Carried(prev), depth=2)
+        (out.square().sum() + scores.sin().sum()).backward()
+        results.append([out, scores, x.grad, enc.grad, *(p.grad for p in ours.parameters())])
+    for together, separate in zip(*results):
+        torch.testing.assert_close(together, separate, rtol=0, atol=1e-12)
+
+
+def test_decoding_and_quant_noise_keep_the_projections_separate():
+    _, ours = pair(self_attention=True)
+    assert not ours._projects_together()  # eval: pair() returns it in eval mode
+    ours.train()
+    assert ours._projects_together()
+    with torch.no_grad():
+        assert not ours._projects_together()
+    ours.k_proj.register_forward_pre_hook(lambda module, inputs: None)  # as fairseq's quant_noise does
+    assert not ours._projects_together()

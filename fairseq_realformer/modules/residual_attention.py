@@ -92,8 +92,8 @@ class _SoftmaxSavedInHalf(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (probs,) = ctx.saved_tensors
-        probs, grad = probs.float(), grad.float()
-        grad_logits = probs * (grad - (grad * probs).sum(dim=-1, keepdim=True))
+        # softmax's own backward kernel, in float32: P·(g − Σ g·P) in one kernel instead of four
+        grad_logits = torch._softmax_backward_data(grad.float(), probs.float(), -1, torch.float32)
         return grad_logits.to(ctx.logits_dtype), None
 
 
@@ -393,6 +393,13 @@ class ResidualMultiheadAttention(MultiheadAttention):
         """Queries, keys and values of this call as ``(batch * heads, length, head_dim)`` (keys
         and values None when the cache holds them), and the key padding mask, both kept once
         per sentence in beamable cross-attention."""
+        if self._projects_together():  # training: one GEMM per input, see there
+            if self.self_attention:
+                q, k, v = self._project_together(query, (self.q_proj, self.k_proj, self.v_proj))
+                return q, k, v, key_padding_mask
+            if self.encoder_decoder_attention and key is not None:
+                k, v = self._project_together(key, (self.k_proj, self.v_proj))
+                return self._split_heads(self.q_proj(query)), k, v, key_padding_mask
         q = self.q_proj(query)
         if self.self_attention:
             k, v = self.k_proj(query), self.v_proj(query)
@@ -411,8 +418,34 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return q, k, v, key_padding_mask
 
     def _split_heads(self, t: Tensor) -> Tensor:
-        """(length, batch, embed_dim) → (batch * heads, length, head_dim)."""
-        return t.view(t.size(0), -1, self.head_dim).transpose(0, 1)
+        """(length, batch, embed_dim) → (batch * heads, length, head_dim); a copy where *t* is a
+        slice of a wider tensor (``_project_together``), else a view."""
+        return t.reshape(t.size(0), -1, self.head_dim).transpose(0, 1)
+
+    def _projects_together(self) -> bool:
+        """In training, the projections that read the same input run as one GEMM
+        (``_project_together``): q, k and v in self-attention, k and v in cross-attention. Not in
+        decoding, where concatenating the weights at every step would cost more than it saves,
+        nor under quant noise, which alters each projection's weight in its own forward."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and not any(p._forward_pre_hooks or p._forward_hooks for p in projections)
+            and len({p.bias is None for p in projections}) == 1
+            and self.k_proj.in_features == self.v_proj.in_features
+        )
+
+    def _project_together(self, x: Tensor, projections):
+        """*projections* of the one input *x*, split into heads as ``_project`` gives them, from one
+        ``F.linear`` with their weights side by side (the parameters stay separate, under their
+        names). Under an autocast fairseq's way costs a cast of the input, the weight and the
+        bias per projection, and in backward a GEMM pair and a bias sum per projection and an
+        add where the input's gradients meet; here one each. The values are the separate
+        projections' (one GEMM computes each output as they do), the heads a copy each."""
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        return [self._split_heads(t) for t in F.linear(x, weight, bias).split(self.embed_dim, dim=-1)]
 
     def _extend_cache(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
         """Prepend cached keys/values (decoder self-attention) or reuse them (cross-attention),
