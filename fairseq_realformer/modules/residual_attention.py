@@ -316,7 +316,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
     def _attend(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
         """The RealFormer score chain, top to bottom. q, k, v: ``(batch * heads, length, head_dim)``.
         Returns (the weighted sum of the values, this layer's probabilities, ``S_n`` to hand on)."""
-        scores = self._scores(q * self.scaling, k, prev_scores, kv_bsz)  # S_n = QKᵀ/√d + S_{n-1}
+        scores = self._scores(q, k, prev_scores, kv_bsz)  # S_n = QKᵀ/√d + S_{n-1}
         if scores.dtype in HALF:
             scores = scores.float()  # carried in float32 (HALF)
         logits = scores / depth if self.running_mean and depth > 1 else scores  # running mean: S_n / n
@@ -332,7 +332,6 @@ class ResidualMultiheadAttention(MultiheadAttention):
         on or None off a score path)."""
         heads, rows = self.num_heads, q.size(1)
         divisor = depth if self.running_mean and depth > 1 else 1
-        q = q * self.scaling  # once, for the kernel and for S_n: their gradients meet before this mul
         bias = _additive_mask(attn_mask, key_padding_mask, kv_bsz, q.dtype)
         if prev_scores is not None:  # S_{n-1} / n + mask
             prev = prev_scores.view(kv_bsz, -1, heads, rows, prev_scores.size(-1))
@@ -347,7 +346,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
             v.view(kv_bsz, heads, -1, v.size(-1)),
             bias,
             dropout_p=self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0,
-            scale=1 / divisor,
+            scale=self.scaling / divisor,
         )
         out = _unfold_beam(out, q.size(0) // (kv_bsz * heads), rows)
         if not self.residual_scores:
@@ -355,14 +354,20 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return out, _carried_dtype(self._scores(q, k, prev_scores, kv_bsz))
 
     def _scores(self, q: Tensor, k: Tensor, prev_scores: Optional[Tensor], kv_bsz: int) -> Tensor:
-        """S_n = Q Kᵀ/√d + S_{n-1} from the queries already scaled by 1/√d (*prev_scores*: None on
-        the path's first layer, or a layer that does not carry scores)."""
+        """S_n = Q Kᵀ/√d + S_{n-1} (*prev_scores*: None on the path's first layer, or a layer that
+        does not carry scores). The GEMM applies the 1/√d (its ``alpha``), where fairseq scales
+        the queries first: one kernel less per layer and per decoding step."""
         k_t = k.transpose(1, 2)
+        if q.size(0) != k_t.size(0):  # beamable cross-attention
+            product = _per_sentence_bmm(q, k_t, kv_bsz, self.num_heads)
+            if prev_scores is None:
+                return product * self.scaling
+            return torch.add(prev_scores, product, alpha=self.scaling)
         if prev_scores is None:
-            return self._per_head_bmm(q, k_t, kv_bsz)
-        if prev_scores.dtype == q.dtype and q.size(0) == k_t.size(0):
-            return torch.baddbmm(prev_scores, q, k_t)  # adds the carried scores inside the GEMM
-        return prev_scores + self._per_head_bmm(q, k_t, kv_bsz)  # a float32 carry promotes a half product
+            return torch.baddbmm(q.new_empty(()), q, k_t, beta=0, alpha=self.scaling)  # beta 0: no input read
+        if prev_scores.dtype == q.dtype:
+            return torch.baddbmm(prev_scores, q, k_t, alpha=self.scaling)  # adds the carried scores inside the GEMM
+        return torch.add(prev_scores, torch.bmm(q, k_t), alpha=self.scaling)  # a float32 carry promotes a half product
 
     def _weighted_sum(self, probs: Tensor, v: Tensor, kv_bsz: int) -> Tensor:
         """(dropout(P) V) per (batch, head)."""
