@@ -227,7 +227,9 @@ def test_half_precision_gradients_match_float32(dtype, running_mean):
 @pytest.mark.parametrize("kind", ["self", "cross"])
 def test_fairseqs_attention_off_the_path_answers_as_ours_and_computes_as_fairseqs(kind, train):
     """PlainMultiheadAttention: fairseq's module (same parameters, fused path in training
-    self-attention), called and answering as ResidualMultiheadAttention is; it carries nothing."""
+    self-attention, there with the projections packed into one GEMM), called and answering as
+    ResidualMultiheadAttention is; it carries nothing. Outputs, weights and gradients are
+    fairseq's."""
     kwargs = dict(self_attention=True) if kind == "self" else dict(encoder_decoder_attention=True)
     torch.manual_seed(0)
     theirs = MultiheadAttention(EMBED, HEADS, **kwargs).train(train)
@@ -235,7 +237,7 @@ def test_fairseqs_attention_off_the_path_answers_as_ours_and_computes_as_fairseq
     plain = PlainMultiheadAttention(EMBED, HEADS, **kwargs).train(train)
     assert plain.state_dict().keys() == theirs.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), theirs.state_dict().values()))
-    x, kv = torch.randn(T, B, EMBED), torch.randn(S if kind == "cross" else T, B, EMBED)
+    x, kv = torch.randn(T, B, EMBED, requires_grad=True), torch.randn(S if kind == "cross" else T, B, EMBED)
     kv = x if kind == "self" else kv
     asked = dict(
         key_padding_mask=padding([7, 2, 5] if kind == "cross" else [5, 3, 4], kv.size(0)),
@@ -244,11 +246,18 @@ def test_fairseqs_attention_off_the_path_answers_as_ours_and_computes_as_fairseq
     )
     torch.manual_seed(1)
     want, want_weights = theirs(x, kv, kv, **asked)
+    assert plain._packs_projections(x, kv, kv, asked) == (train and kind == "self")
     torch.manual_seed(1)
     got = plain(x, kv, kv, **asked, carried=Carried(), depth=3)
     assert isinstance(got, Attended) and got.carried == Carried()
     torch.testing.assert_close(got.output, want, rtol=0, atol=0)
     torch.testing.assert_close(got.weights, want_weights, rtol=0, atol=0)
+    grad = torch.randn_like(want)
+    for module, output in ((theirs, want), (plain, got.output)):
+        torch.autograd.backward(output, grad, inputs=[x, *module.parameters()])
+    want_grads, got_grads = theirs.parameters(), plain.parameters()
+    for name, a, b in zip(dict(plain.named_parameters()), got_grads, want_grads):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-6, msg=name)
 
 
 def test_every_attention_module_of_a_plugin_layer_answers_attended():

@@ -152,8 +152,60 @@ class PlainMultiheadAttention(MultiheadAttention):
         """fairseq's ``forward`` (keyword arguments as its), answering ``Attended``. *carried*
         (empty on a path that carries nothing) and *depth* are taken, as the residual module
         takes them, and not used."""
-        output, weights = super().forward(query, key, value, **kwargs)
+        if self._packs_projections(query, key, value, kwargs):
+            output, weights = self._packed_self_attention(query, **kwargs)
+        else:
+            output, weights = super().forward(query, key, value, **kwargs)
         return Attended(output, weights, Carried())
+
+    def _packs_projections(self, query: Tensor, key, value, kwargs) -> bool:
+        """Training self-attention where fairseq calls ``F.multi_head_attention_forward`` (its
+        conditions), with the three projections' weights as torch's packed in-projection: one
+        GEMM instead of three, as ``ResidualMultiheadAttention._project_together``."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and query is key is value
+            and kwargs.get("incremental_state") is None
+            and not kwargs.get("static_kv", False)
+            and not (self.onnx_trace or self.skip_embed_dim_check or self.use_xformers)
+            and query.device.type != "xla"
+            and not torch.jit.is_scripting()
+            and not any(p._forward_pre_hooks or p._forward_hooks for p in projections)
+            and all(p.bias is not None for p in projections)
+        )
+
+    def _packed_self_attention(
+        self,
+        query: Tensor,
+        key_padding_mask=None,
+        need_weights: bool = True,
+        attn_mask=None,
+        need_head_weights=False,
+        **_,
+    ):
+        """fairseq's call of ``F.multi_head_attention_forward``, argument for argument, with
+        ``in_proj_weight`` packed instead of three ``*_proj_weight``."""
+        return F.multi_head_attention_forward(
+            query,
+            query,
+            query,
+            self.embed_dim,
+            self.num_heads,
+            torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)),
+            torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)),
+            self.bias_k,
+            self.bias_v,
+            self.add_zero_attn,
+            self.dropout_module.p,
+            self.out_proj.weight,
+            self.out_proj.bias,
+            self.training or self.dropout_module.apply_during_inference,
+            key_padding_mask.bool() if key_padding_mask is not None else None,
+            need_weights or need_head_weights,
+            attn_mask,
+        )
 
 
 class ResidualMultiheadAttention(MultiheadAttention):
@@ -423,9 +475,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return q, k, v, key_padding_mask
 
     def _split_heads(self, t: Tensor) -> Tensor:
-        """(length, batch, embed_dim) → (batch * heads, length, head_dim); a copy where *t* is a
-        slice of a wider tensor (``_project_together``), else a view."""
-        return t.reshape(t.size(0), -1, self.head_dim).transpose(0, 1)
+        """(length, batch, embed_dim) → (batch * heads, length, head_dim), a view."""
+        return t.view(t.size(0), -1, self.head_dim).transpose(0, 1)
 
     def _projects_together(self) -> bool:
         """In training, the projections that read the same input run as one GEMM
@@ -446,11 +497,15 @@ class ResidualMultiheadAttention(MultiheadAttention):
         ``F.linear`` with their weights side by side (the parameters stay separate, under their
         names). Under an autocast fairseq's way costs a cast of the input, the weight and the
         bias per projection, and in backward a GEMM pair and a bias sum per projection and an
-        add where the input's gradients meet; here one each. The values are the separate
-        projections' (one GEMM computes each output as they do), the heads a copy each."""
+        add where the input's gradients meet; here one of each. The values are the separate
+        projections' (one GEMM computes each output as they do)."""
         weight = torch.cat([p.weight for p in projections])
         bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
-        return [self._split_heads(t) for t in F.linear(x, weight, bias).split(self.embed_dim, dim=-1)]
+        out = F.linear(x, weight, bias)
+        # one copy to (projection, length, batch, embed_dim), as torch's packed in-projection does:
+        # then every projection's heads are a view
+        out = out.view(*out.shape[:-1], len(projections), self.embed_dim).movedim(-2, 0).contiguous()
+        return [self._split_heads(t) for t in out.unbind(0)]
 
     def _extend_cache(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
         """Prepend cached keys/values (decoder self-attention) or reuse them (cross-attention),
