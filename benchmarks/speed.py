@@ -3,7 +3,8 @@
 Variants (same sizes, batches and weights' shapes): ``fairseq``, fairseq's stock ``transformer``
 (Post-LN, fused SDPA self-attention in training), and those of fairseq_realformer/variants.py on
 the ``realformer`` architecture; by default
-    post-ln          our model with no residual path, Post-LN: fairseq's own modules (must cost nothing)
+    post-ln          our model with no residual path, Post-LN: fairseq's own modules (must cost nothing;
+                     since issue 41 their training self-attention projects q, k, v in one GEMM)
     realformer-sum   RealFormer on ADMIN (profiled ω), all three paths, running sum
     realformer       RealFormer on ADMIN (profiled ω), all three paths, running mean (the paper's)
 

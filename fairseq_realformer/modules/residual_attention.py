@@ -135,8 +135,9 @@ def _per_sentence_bmm(a: Tensor, b: Tensor, kv_bsz: int, num_heads: int) -> Tens
 
 class PlainMultiheadAttention(MultiheadAttention):
     """fairseq's ``MultiheadAttention``, computing exactly what it computes (its fused SDPA path
-    included), for a sublayer whose path carries nothing. Subclassed only to answer as
-    ``ResidualMultiheadAttention`` does, so that a layer calls either the same way; the
+    included), for a sublayer whose path carries nothing. Subclassed to answer as
+    ``ResidualMultiheadAttention`` does, so that a layer calls either the same way, and to give
+    training self-attention's three projections to that SDPA path as one packed GEMM; the
     parameters, their names and their initialisation are fairseq's."""
 
     def forward(
