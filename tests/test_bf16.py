@@ -173,6 +173,17 @@ def test_beam_search_finds_what_it_found_with_the_cache_as_projected(paths, bf16
                 assert torch.equal(got[key], want[key]), key
 
 
+def test_decodings_attention_softmax_is_the_training_ones_bit_for_bit():
+    """Without gradients the attention's softmax skips its autograd Function (nothing to save):
+    the same bfloat16 probabilities; with gradients it is that Function."""
+    logits = torch.randn(12, 5, 9) * 4
+    with torch.no_grad():
+        decoding = residual_attention._softmax(logits, torch.bfloat16)
+    training = residual_attention._softmax(logits.requires_grad_(), torch.bfloat16)
+    assert type(training.grad_fn).__name__ == "_SoftmaxSavedInHalfBackward"
+    assert decoding.dtype == torch.bfloat16 and torch.equal(decoding, training.detach())
+
+
 # --- what bf16 replaces on a CPU: fairseq's dropout masks and the vocabulary's log_softmax -------
 
 

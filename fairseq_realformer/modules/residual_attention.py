@@ -101,6 +101,8 @@ def _softmax(logits: Tensor, dtype: torch.dtype) -> Tensor:
     """Attention probabilities in *dtype*, computed in float32 (in float64 for float64)."""
     if dtype not in HALF:
         return F.softmax(logits.to(dtype), dim=-1)
+    if not torch.is_grad_enabled():  # decoding: nothing is saved, no autograd Function to call
+        return F.softmax(logits, dim=-1, dtype=torch.float32).to(dtype)
     return _SoftmaxSavedInHalf.apply(logits, dtype)
 
 
