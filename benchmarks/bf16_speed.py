@@ -379,29 +379,34 @@ def main_decode_only(args, argv):
     results = {model: decode_speed(args, model) for model in args.models}
     print(report_decoding(results), flush=True)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "what": "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: "
-                    "random weights and sources, every hypothesis forced to the same length (bf16_speed.py "
-                    "--decode-only)",
-                    "command": "python benchmarks/bf16_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-                    "machine": args.machine,
-                    "date": datetime.date.today().isoformat(),
-                    "torch": torch.__version__,
-                    "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()),
-                    "threads": args.threads,
-                    "repeats": args.repeats,
-                    "gen_sentences": args.gen_sentences,
-                    "gen_length": GEN_LENGTH,
-                    "vocabulary": DECODE_VOCAB,
-                    "results": results,
-                },
-                indent=1,
-            )
-            + "\n"
+        write_json(
+            args,
+            argv,
+            "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: random weights "
+            "and sources, every hypothesis forced to the same length (bf16_speed.py --decode-only)",
+            repeats=args.repeats,
+            gen_sentences=args.gen_sentences,
+            gen_length=GEN_LENGTH,
+            vocabulary=DECODE_VOCAB,
+            results=results,
         )
-        print(f"[bf16-speed] wrote {args.json}")
+
+
+def write_json(args, argv, what, **fields):
+    """The numbers in --json, after what was measured, the command and the machine."""
+    import torch
+
+    header = {
+        "what": what,
+        "command": "python benchmarks/bf16_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "machine": args.machine,
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()),
+        "threads": args.threads,
+    }
+    Path(args.json).write_text(json.dumps({**header, **fields}, indent=1) + "\n")
+    print(f"[bf16-speed] wrote {args.json}")
 
 
 def main(argv=None):
@@ -412,30 +417,17 @@ def main(argv=None):
     results = {model: measure(args, data, model) for model in args.models}
     print(report(results), flush=True)
     if args.json:
-        import torch
-
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "what": "bf16 mixed precision (--bf16) against float32: fairseq-train's tokens/s and peak RSS, "
-                    "fairseq-generate beam 5 sentences/s, Multi30k En-De, on a CPU",
-                    "command": "python benchmarks/bf16_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-                    "machine": args.machine,
-                    "date": datetime.date.today().isoformat(),
-                    "torch": torch.__version__,
-                    "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()),
-                    "threads": args.threads,
-                    "updates": args.updates,
-                    "log_interval": args.log_interval,
-                    "repeats": args.repeats,
-                    "gen_sentences": args.gen_sentences,
-                    "results": results,
-                },
-                indent=1,
-            )
-            + "\n"
+        write_json(
+            args,
+            argv,
+            "bf16 mixed precision (--bf16) against float32: fairseq-train's tokens/s and peak RSS, "
+            "fairseq-generate beam 5 sentences/s, Multi30k En-De, on a CPU",
+            updates=args.updates,
+            log_interval=args.log_interval,
+            repeats=args.repeats,
+            gen_sentences=args.gen_sentences,
+            results=results,
         )
-        print(f"[bf16-speed] wrote {args.json}")
 
 
 if __name__ == "__main__":
