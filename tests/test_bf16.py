@@ -3,6 +3,7 @@ models under the autocast compute what they compute in float32, to bfloat16's ro
 attention carries its sums in float32; fairseq-train, fairseq-generate, fairseq-interactive and the
 hub run it on a CPU, keep float32 checkpoints, resume exactly, and refuse what cannot be in one line."""
 
+import contextlib
 import json
 import re
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fairseq.sequence_generator import SequenceGenerator
 from fairseq.trainer import Trainer
 
 from fairseq_realformer import precision
@@ -128,6 +130,58 @@ def test_18_layers_in_sum_mode_carry_their_scores_in_float32(monkeypatch):
     in_float32 = [_chain_of_attention(18, seed, True, monkeypatch) for seed in range(3)]
     in_bfloat16 = [_chain_of_attention(18, seed, False, monkeypatch) for seed in range(3)]
     assert sum(in_float32) < 0.6 * sum(in_bfloat16), (in_float32, in_bfloat16)
+
+
+# --- decoding under bf16: what the speed-ups for a CPU (benchmarks/RESULTS.md) may not change -------
+
+
+def test_the_decoding_cache_holds_contiguous_keys_and_values():
+    """Every attention's cache, the encoder's keys and values included (projected once, as a
+    transposed view), is contiguous after the first step: what a bfloat16 ``bmm`` on a CPU reads
+    without a copy at every later step."""
+    model = perturb_(realformer("all", "mean", "admin", dictionary=DICT)).eval()
+    src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
+    state = {}
+    with torch.no_grad(), precision.autocast("cpu"):
+        model.decoder(prev[:, :1], encoder_out=model.encoder(src, src_lengths=src_len), incremental_state=state)
+    caches = [buffer for buffer in state.values() if "prev_key" in buffer]
+    assert len(caches) == 2 * len(model.decoder.layers)  # self- and cross-attention of every layer
+    assert all(c["prev_key"].is_contiguous() and c["prev_value"].is_contiguous() for c in caches)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
+@pytest.mark.parametrize("paths", ["all", "decoder"])
+def test_beam_search_finds_what_it_found_with_the_cache_as_projected(paths, bf16, monkeypatch):
+    """The contiguous cache changes no number: beam 4 through fairseq's generator finds the same
+    hypotheses with the same scores and alignments, bit for bit, as with the encoder's keys and
+    values cached as the projection gives them (the reference: ``_cacheable`` undone)."""
+    model = perturb_(realformer(paths, "mean", "admin", dictionary=DICT), scale=0.5).eval()
+    src, src_len, _ = random_batch(DICT, SRC_LENS, TGT_LENS)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_len}}
+
+    def search():
+        generator = SequenceGenerator([model], DICT, beam_size=4, max_len_a=0, max_len_b=8)
+        with precision.autocast("cpu") if bf16 else contextlib.nullcontext():
+            return generator.forward(sample)
+
+    found = search()
+    monkeypatch.setattr(residual_attention, "_cacheable", lambda t: t)
+    reference = search()
+    for got_sentence, want_sentence in zip(found, reference, strict=True):
+        for got, want in zip(got_sentence, want_sentence, strict=True):
+            for key in ("tokens", "score", "positional_scores", "attention"):
+                assert torch.equal(got[key], want[key]), key
+
+
+def test_decodings_attention_softmax_is_the_training_ones_bit_for_bit():
+    """Without gradients the attention's softmax skips its autograd Function (nothing to save):
+    the same bfloat16 probabilities; with gradients it is that Function."""
+    logits = torch.randn(12, 5, 9) * 4
+    with torch.no_grad():
+        decoding = residual_attention._softmax(logits, torch.bfloat16)
+    training = residual_attention._softmax(logits.requires_grad_(), torch.bfloat16)
+    assert type(training.grad_fn).__name__ == "_SoftmaxSavedInHalfBackward"
+    assert decoding.dtype == torch.bfloat16 and torch.equal(decoding, training.detach())
 
 
 # --- what bf16 replaces on a CPU: fairseq's dropout masks and the vocabulary's log_softmax -------

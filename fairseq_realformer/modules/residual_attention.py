@@ -101,6 +101,8 @@ def _softmax(logits: Tensor, dtype: torch.dtype) -> Tensor:
     """Attention probabilities in *dtype*, computed in float32 (in float64 for float64)."""
     if dtype not in HALF:
         return F.softmax(logits.to(dtype), dim=-1)
+    if not torch.is_grad_enabled():  # decoding: nothing is saved, no autograd Function to call
+        return F.softmax(logits, dim=-1, dtype=torch.float32).to(dtype)
     return _SoftmaxSavedInHalf.apply(logits, dtype)
 
 
@@ -521,6 +523,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
                 k, v = prev_key, prev_value
             else:
                 k, v = torch.cat([prev_key, k], dim=1), torch.cat([prev_value, v], dim=1)
+        else:
+            k, v = _cacheable(k), _cacheable(v)
         key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
             key_padding_mask=key_padding_mask,
             prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
@@ -594,6 +598,15 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], dropout_p: fl
         with sdpa_kernel(_CUDA_BACKENDS):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+
+
+def _cacheable(t: Tensor) -> Tensor:
+    """Keys or values as a new cache keeps them: contiguous. The encoder's, projected once, are
+    otherwise a transposed view (``_split_heads``) that stays in the cache for the whole search
+    (fairseq does not reorder them: a sentence's hypotheses read the same), and a bfloat16 ``bmm``
+    on a CPU copies such an operand at every step: 7 % of a beam-5 decode at d=128
+    (benchmarks/RESULTS.md, bf16 on a CPU). The decoder's own keys are contiguous already."""
+    return t.contiguous()
 
 
 def _carried_dtype(t: Tensor) -> Tensor:
