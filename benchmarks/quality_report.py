@@ -197,11 +197,12 @@ def paired_bootstrap(system, baseline, references):
     return result.score - base.score, result.p_value
 
 
-def comparisons(runs):
-    """Each pair of COMPARISONS, on each test set, for each seed that both variants finished."""
+def comparisons(runs, pairs=COMPARISONS):
+    """Each pair (system, baseline) of *pairs*, on each test set, for each seed that both variants
+    finished."""
     by_key = {(r["variant"], r["seed"]): r for r in runs}
     found = []
-    for a, b in COMPARISONS:
+    for a, b in pairs:
         for seed in sorted({r["seed"] for r in runs}):
             if (a, seed) not in by_key or (b, seed) not in by_key:
                 continue
@@ -241,11 +242,12 @@ def permutation_test(scores_a, scores_b):
     return observed, as_large / len(splits), len(splits)
 
 
-def seed_comparisons(runs):
-    """Each pair of COMPARISONS, on each test set, across seeds: sacreBLEU's difference of means
-    and the permutation test's p-value (for variants with two seeds or more each)."""
+def seed_comparisons(runs, pairs=COMPARISONS):
+    """Each pair (system, baseline) of *pairs*, on each test set, across seeds: sacreBLEU's
+    difference of means and the permutation test's p-value (for variants with two seeds or more
+    each)."""
     found = []
-    for a, b in COMPARISONS:
+    for a, b in pairs:
         mine = {variant: [r for r in runs if r["variant"] == variant] for variant in (a, b)}
         if len(mine[a]) < 2 or len(mine[b]) < 2:
             continue
@@ -276,7 +278,8 @@ def mean_std(values):
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def _cell(values, digits=2, scale=1.0):
+def cell(values, digits=2, scale=1.0):
+    """A table cell: the mean ± sample std of *values* (None ignored), or "—" without any."""
     mean, std = mean_std([v * scale if v is not None else None for v in values])
     if mean is None:
         return "—"
@@ -325,11 +328,11 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
                 continue
             scores = [r["test_sets"][name] for r in mine]
             lines.append(
-                f"| {label} | {','.join(str(r['seed']) for r in mine)} | {_cell([s['sacrebleu'] for s in scores])} "
-                f"| {_cell([s['chrf'] for s in scores])} | {_cell([s['bleu_lc'] for s in scores])} "
-                f"| {_cell([r['best_valid_loss'] for r in mine], 3)} | {_cell([r['updates'] for r in mine], 0)} "
-                f"| {_cell([r['wall_s'] for r in mine], 1, 1 / 60)} | {_cell([r['tokens_per_s'] for r in mine], 0)} |"
-                + (f" {_cell([r['val']['sacrebleu'] if 'val' in r else None for r in mine])} |" if with_val else "")
+                f"| {label} | {','.join(str(r['seed']) for r in mine)} | {cell([s['sacrebleu'] for s in scores])} "
+                f"| {cell([s['chrf'] for s in scores])} | {cell([s['bleu_lc'] for s in scores])} "
+                f"| {cell([r['best_valid_loss'] for r in mine], 3)} | {cell([r['updates'] for r in mine], 0)} "
+                f"| {cell([r['wall_s'] for r in mine], 1, 1 / 60)} | {cell([r['tokens_per_s'] for r in mine], 0)} |"
+                + (f" {cell([r['val']['sacrebleu'] if 'val' in r else None for r in mine])} |" if with_val else "")
             )
         first = scores[0]
         lines += [

@@ -1,0 +1,243 @@
+"""The depth study as Markdown and one figure: benchmarks/quality.py's studies of the same model at
+several depths (4+4, 12+12, 18+18 layers), each variant at its best peak learning rate. It trains
+nothing; it reads the studies' JSONs and their committed translations.
+
+    python benchmarks/depth_report.py            # the three committed studies, the figure into docs/figures/lr-sweep
+    python benchmarks/depth_report.py SHALLOW.json DEEP.json [DEEPER.json ...] --figure OUT.png
+
+1. Best against best at each depth: each variant at the rate its study chose on validation BLEU
+   (a study of one rate: that rate), mean ± sample std over the seeds present, sacrebleu's paired
+   bootstrap seed by seed and the exact permutation test across seeds for realformer − admin,
+   realformer − pre-ln and admin − pre-ln (quality_report's table and tests, as quality.py reports
+   a study).
+2. Depth against depth: each variant's deeper test BLEU against the shallowest study's, the
+   difference of the means and its permutation p where both have two seeds or more.
+3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line.
+
+A study's depth is its settings' layers; the shallowest is what the others are compared against.
+A study not there yet, or seeds its settings ask for that are not in, are said in a line. The
+references are the JSON's paths, or the file of that name in --data.
+"""
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quality_report  # noqa: E402
+from repo import MULTI30K, REPO  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+STUDIES = [RESULTS / f"cpu-quality-{name}-multi30k-en-de.json" for name in ("lr-sweep", "depth-12", "depth-18")]
+FIGURE = REPO / "docs" / "figures" / "lr-sweep" / "cpu-quality-depth-multi30k-en-de.bleu-vs-depth.png"
+PAIRS = (("realformer", "admin"), ("realformer", "pre-ln"), ("admin", "pre-ln"))  # (system, baseline)
+FAILED_BLEU = 10.0  # below this mean test BLEU a variant did not train at that depth (those that did: 34 and up)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "studies",
+        nargs="*",
+        default=STUDIES,
+        metavar="JSON",
+        help="benchmarks/quality.py JSONs (default: the 4+4 sweep, 12+12 and 18+18 studies in benchmarks/results)",
+    )
+    p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
+    p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def shown(path):
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+
+def load(path, data):
+    """A study's JSON with its runs' scores pointing at the committed translations (hypotheses) and
+    the references, as quality_report's comparisons read them; None when the file is not there."""
+    if not Path(path).exists():
+        return None
+    study = json.loads(Path(path).read_text())
+    for run in study["runs"]:
+        for score in quality_report.scored_sets(run).values():
+            score["hypotheses"] = str(REPO / score["translations"])
+            reference = Path(score["reference"])
+            score["reference"] = str(reference if reference.exists() else Path(data) / reference.name)
+    study["layers"] = study["settings"]["layers"]
+    study["compared"] = quality_report.compared_runs(study)  # each variant at its best rate
+    return study
+
+
+def scores(study, variant, test_name):
+    """The test sacreBLEU of *variant*'s seeds that finished at its best rate, seed order."""
+    return [
+        r["test_sets"][test_name]["sacrebleu"]
+        for r in study["compared"]
+        if r["variant"] == variant and not r.get("diverged")
+    ]
+
+
+def missing_seeds(study):
+    """Per variant, the seeds its study's settings ask for at its best rate that are not in yet."""
+    settings = study["settings"]
+    missing = {}
+    for variant in settings["variants"]:
+        further = settings.get("best_seeds", []) if variant in settings.get("best_variants", [variant]) else []
+        present = {r["seed"] for r in study["compared"] if r["variant"] == variant}
+        wanted = [seed for seed in settings["seeds"] + further if seed not in present]
+        if wanted:
+            missing[variant] = wanted
+    return missing
+
+
+def depth_section(study, path):
+    """One depth: quality_report's table of each variant at its best rate, with PAIRS compared."""
+    layers, settings = study["layers"], study["settings"]
+    runs = [r for r in study["compared"] if not r.get("diverged")]
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    rates = ", ".join(f"{v} {lr:g}" for v, lr in study.get("best", {}).items())
+    chosen = (
+        f"the best of {', '.join(f'{lr:g}' for lr in settings['lrs'])} on validation BLEU (seed "
+        f"{', '.join(map(str, settings['seeds']))}): {rates}"
+        if quality_report.is_sweep(study)
+        else f"{settings['lr']:g}, the only rate trained"
+    )
+    title = f"### {layers}+{layers} layers, each variant at its best rate\n\n`{shown(path)}`; peak lr {chosen}."
+    references = sorted({s["reference"] for r in runs for s in r["test_sets"].values()})
+    absent = [ref for ref in references if not Path(ref).exists()]
+    found = [] if absent else quality_report.comparisons(runs, PAIRS)
+    across = quality_report.seed_comparisons(runs, PAIRS)
+    lines = [quality_report.table(runs, labels, found, title, across), ""]
+    if absent:
+        lines.append(f"Paired bootstrap not run: no reference {', '.join(absent)} (--data).")
+    variants = {r["variant"] for r in runs}
+    one_seed = [
+        f"{a} − {b}" for a, b in PAIRS if {a, b} <= variants and not any((c["a"], c["b"]) == (a, b) for c in across)
+    ]
+    if one_seed:
+        lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
+    missing = missing_seeds(study)
+    if missing:
+        lines.append(
+            "Seeds not in yet: " + "; ".join(f"{v} {', '.join(map(str, s))}" for v, s in missing.items()) + "."
+        )
+    diverged = [r for r in study["compared"] if r.get("diverged")]
+    if diverged:
+        lines.append(
+            "Diverged: "
+            + "; ".join(f"{r['label']} seed {r['seed']} at update {r['diverged']['update']}" for r in diverged)
+            + "."
+        )
+    return "\n".join(lines).rstrip()
+
+
+def across_depths(studies, test_name):
+    """Each variant of each deeper study against the shallowest: test BLEU means, their difference,
+    and the permutation test where both have two seeds or more."""
+    base, deeper = studies[0], studies[1:]
+    name = f"{base['layers']}+{base['layers']}"
+
+    def with_seeds(study, variant):
+        rate = next(r["lr"] for r in study["compared"] if r["variant"] == variant)
+        n = len(scores(study, variant, test_name))
+        return f"{quality_report.cell(scores(study, variant, test_name))} (lr {rate:g}, {n} seed{'s' * (n > 1)})"
+
+    lines = [
+        f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth",
+        "",
+        f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
+        "where both depths have 2 seeds or more.",
+        "",
+        f"| variant | layers | test BLEU | {name} test BLEU | Δ mean BLEU | permutation p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for study in deeper:
+        for variant in base["settings"]["variants"]:
+            deep, shallow = scores(study, variant, test_name), scores(base, variant, test_name)
+            if not deep or not shallow:
+                continue
+            delta, p_value, splits = quality_report.permutation_test(deep, shallow)
+            p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
+            lines.append(
+                f"| {variant} | {study['layers']}+{study['layers']} | {with_seeds(study, variant)} "
+                f"| {with_seeds(base, variant)} | {delta:+.2f} | {p_cell} |"
+            )
+    return "\n".join(lines)
+
+
+def depth_figure(studies, test_name, path, what):
+    """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
+    line; a variant is drawn only at the depths where it trained (mean above FAILED_BLEU), and the
+    legend names the others."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(v for study in studies for v in study["settings"]["variants"]))
+    colours = dict(zip(variants, plt.get_cmap("tab10").colors))  # the sweep figures' colours
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    for i, variant in enumerate(variants):
+        shift = (i - (len(variants) - 1) / 2) * 0.3  # side by side at each depth: the seeds stay apart
+        depths, means, failed = [], [], []
+        for study in studies:
+            found = scores(study, variant, test_name)
+            if not found:
+                continue
+            if statistics.mean(found) < FAILED_BLEU:
+                failed.append(f"{study['layers']}+{study['layers']}: {statistics.mean(found):.1f}")
+                continue
+            x = study["layers"] + shift
+            ax.scatter([x] * len(found), found, color=colours[variant], s=18, alpha=0.7, zorder=3)
+            depths.append(x)
+            means.append(statistics.mean(found))
+        if not depths:
+            continue
+        label = variant + (f" (not drawn at {'; '.join(failed)} BLEU: it did not train)" if failed else "")
+        ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=label)
+    ticks = [study["layers"] for study in studies]
+    ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
+    ax.set_xlabel("layers in each of the encoder and the decoder")
+    ax.set_ylabel(f"test sacreBLEU ({test_name})")
+    ax.set_title(
+        "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
+        + textwrap.fill(what, 85),
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    loaded = [(load(path, args.data), path) for path in args.studies]
+    studies = sorted(((s, p) for s, p in loaded if s is not None), key=lambda sp: sp[0]["layers"])
+    blocks = ["## Depth: each variant at its best rate"]
+    blocks += [f"Not there yet: `{shown(p)}` (not reported)." for s, p in loaded if s is None]
+    if not studies:
+        raise SystemExit("depth_report.py: error: none of the studies is there")
+    test_name = next(iter(studies[0][0]["compared"][0]["test_sets"]))
+    blocks += [depth_section(study, path) for study, path in studies]
+    if len(studies) > 1:
+        blocks.append(across_depths([s for s, _ in studies], test_name))
+    base = studies[0][0]
+    # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
+    what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", base["what"])
+    what += "" if base["settings"].get("bf16") else "; float32"  # quality.py names bf16 only
+    figure = depth_figure([s for s, _ in studies], test_name, args.figure, what)
+    blocks.append(f"Figure: `{shown(figure)}`.")
+    print("\n\n".join(blocks))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""benchmarks/depth_report.py: the depth study's Markdown and figure from quality.py's JSONs, on the
+committed studies and on made-up ones whose means, spreads and permutation p-values are worked out
+by hand."""
+
+import json
+from pathlib import Path
+
+from .cli import BENCHMARKS, load_script
+from .helpers import REPO
+
+RESULTS = Path(REPO) / "benchmarks" / "results"
+TEST_SET = "test_2016_flickr"
+
+
+def _report(capsys, *argv):
+    load_script("depth_report", BENCHMARKS).main([str(a) for a in argv])
+    return capsys.readouterr().out
+
+
+def _study(folder, layers, bleu, **settings):
+    """A quality.py JSON of one peak lr (as the 18+18 study): per variant, its seeds' test
+    sacreBLEU; every run translates the same two lines, against a reference in *folder*."""
+    folder.mkdir(parents=True, exist_ok=True)
+    reference = folder / f"{TEST_SET}.de"
+    reference.write_text("a dog runs on the grass\nthe man is riding a red bike\n")
+    runs = []
+    for variant, by_seed in bleu.items():
+        for seed, score in by_seed.items():
+            hypotheses = folder / f"{layers}.{variant}.seed{seed}.de"
+            hypotheses.write_text("a dog runs on grass\nthe man rides a bike\n")
+            scored = {"sacrebleu": score, "chrf": score + 20, "bleu_lc": score + 0.5, "reference": str(reference)}
+            scored.update(signature="bleu", chrf_signature="chrf", bleu_lc_signature="lc", translations=str(hypotheses))
+            run = {"variant": variant, "lr": 2e-3, "label": variant, "seed": seed, "best_valid_loss": 4 + seed / 10}
+            run.update(updates=2640, wall_s=60.0, tokens_per_s=1000.0, test_sets={TEST_SET: scored})
+            runs.append({**run, "val": {**scored, "sacrebleu": score + 1}})
+    study = {"what": f"Multi30k en→de, {layers}+{layers} layers, d=128, FFN 256, 20 epochs; m", "runs": runs}
+    study["settings"] = {"layers": layers, "lr": 2e-3, "seeds": [1, 2, 3], "variants": list(bleu), **settings}
+    path = folder / f"depth-{layers}.json"
+    path.write_text(json.dumps(study))
+    return path
+
+
+def test_the_committed_studies_print_the_12_12_seed_1_numbers_of_their_json(tmp_path, capsys):
+    deep = json.loads((RESULTS / "cpu-quality-depth-12-multi30k-en-de.json").read_text())
+    figure = tmp_path / "depth.png"
+    out = _report(
+        capsys,
+        RESULTS / "cpu-quality-lr-sweep-multi30k-en-de.json",
+        RESULTS / "cpu-quality-depth-12-multi30k-en-de.json",
+        tmp_path / "not-yet.json",
+        "--figure",
+        figure,
+    )
+    twelve = out[out.index("### 12+12 layers") : out.index("### Depth against depth")]
+    for variant, lr in deep["best"].items():  # each variant at its best 12+12 rate: its seed-1 row
+        run = next(r for r in deep["runs"] if r["label"] == f"{variant} lr={lr:g}" and r["seed"] == 1)
+        test = run["test_sets"][TEST_SET]
+        assert f"| {run['label']} | 1 | {test['sacrebleu']:.2f} | {test['chrf']:.2f} | " in twelve
+        assert f"| {run['best_valid_loss']:.3f} | " in twelve and f"| {run['val']['sacrebleu']:.2f} |" in twelve
+    realformer = next(r for r in deep["runs"] if r["label"] == "realformer lr=0.002")
+    assert f"| realformer | 12+12 | {realformer['test_sets'][TEST_SET]['sacrebleu']:.2f} (lr 0.002, 1 seed) " in out
+    assert "| admin | 12+12 | 36.63 (lr 0.002, 1 seed) | 37.79 ± 0.35 (lr 0.004, 3 seeds) | -1.16 | 1 seed |" in out
+    assert figure.stat().st_size > 10_000
+
+
+def test_means_spreads_and_permutation_p_of_three_seeds_are_the_hand_computed_ones(tmp_path, capsys):
+    shallow = {variant: {1: 36.0, 2: 37.0, 3: 38.0} for variant in ("pre-ln", "admin", "realformer")}
+    deep = {
+        "pre-ln": {1: 36.5, 2: 38.5, 3: 39.5},  # mean 38.1667, sample std sqrt(7/3) = 1.5275
+        "admin": {1: 35.0, 2: 36.0, 3: 37.0},
+        "realformer": {1: 38.0, 2: 39.0, 3: 40.0},
+    }
+    out = _report(capsys, _study(tmp_path, 4, shallow), _study(tmp_path, 12, deep), "--figure", tmp_path / "depth.png")
+    twelve = out[out.index("### 12+12 layers") : out.index("### Depth against depth")]
+    assert "| pre-ln | 1,2,3 | 38.17 ± 1.53 | 58.17 ± 1.53 | 38.67 ± 1.53 | 4.200 ± 0.100 |" in twelve
+    assert "| realformer | 1,2,3 | 39.00 ± 1.00 | " in twelve and twelve.count("| 40.00 ± 1.00 |") == 1  # val BLEU
+    # of the 20 splits of six scores into 3 + 3, only the observed one and its mirror are 3 apart
+    assert f"| realformer | admin | {TEST_SET} | 1,2,3 / 1,2,3 | +3.00 | 0.100 | 20 |" in twelve
+    # 0.83 apart or more: 12 of the 20 splits (sums of three scores of 117 and above, or 114.5 and below)
+    assert f"| realformer | pre-ln | {TEST_SET} | 1,2,3 / 1,2,3 | +0.83 | 0.600 | 20 |" in twelve
+    assert f"| admin | pre-ln | {TEST_SET} | 1,2,3 / 1,2,3 | -2.17 | " in twelve
+    bootstrap = [line for line in twelve.splitlines() if f"| {TEST_SET} | " in line and " / " not in line]
+    assert len(bootstrap) == 9 and all("| +0.00 |" in line for line in bootstrap)  # 3 pairs, 3 seeds, same lines
+    # admin 35, 36, 37 against 36, 37, 38: a sum of three of 108 or less, or 111 or more, in 10 of 20 splits
+    assert "| admin | 12+12 | 36.00 ± 1.00 (lr 0.002, 3 seeds) | 37.00 ± 1.00 (lr 0.002, 3 seeds) | -1.00 " in out
+    assert "| -1.00 | 0.500 (20 splits) |" in out
+    assert "not yet" not in out.lower() and "1 seed" not in out
+
+
+def test_a_missing_study_and_missing_seeds_are_said_in_a_line(tmp_path, capsys):
+    shallow = {variant: {1: 36.0, 2: 37.0, 3: 38.0} for variant in ("pre-ln", "admin", "realformer")}
+    deep = {"pre-ln": {1: 36.5, 2: 38.5}, "admin": {1: 35.0, 2: 36.0, 3: 37.0}, "realformer": {1: 38.0}}
+    missing = tmp_path / "cpu-quality-depth-18-multi30k-en-de.json"
+    out = _report(
+        capsys,
+        _study(tmp_path, 4, shallow),
+        _study(tmp_path, 12, deep, seeds=[1], best_seeds=[2, 3], best_variants=["pre-ln", "admin", "realformer"]),
+        missing,
+        "--figure",
+        tmp_path / "depth.png",
+    )
+    assert [line for line in out.splitlines() if missing.name in line] == [
+        f"Not there yet: `{missing}` (not reported)."
+    ]
+    assert "Seeds not in yet: pre-ln 3; realformer 2, 3." in out
+    assert "Across seeds: not yet for realformer − admin, realformer − pre-ln (the permutation test needs" in out
+    assert (
+        "| realformer | 12+12 | 38.00 (lr 0.002, 1 seed) | 37.00 ± 1.00 (lr 0.002, 3 seeds) | +1.00 | 1 seed |" in out
+    )
+    assert "| pre-ln | 12+12 | 37.50 ± 1.41 (lr 0.002, 2 seeds) | " in out  # 2 seeds against 3: tested
+    assert "18+18" not in out
