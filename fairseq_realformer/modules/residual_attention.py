@@ -165,7 +165,6 @@ class PlainMultiheadAttention(MultiheadAttention):
         """Training self-attention where fairseq calls ``F.multi_head_attention_forward`` (its
         conditions), with the three projections' weights as torch's packed in-projection: one
         GEMM instead of three, as ``ResidualMultiheadAttention._project_together``."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
         return (
             self.training
             and torch.is_grad_enabled()
@@ -175,8 +174,7 @@ class PlainMultiheadAttention(MultiheadAttention):
             and not (self.onnx_trace or self.skip_embed_dim_check or self.use_xformers)
             and query.device.type != "xla"
             and not torch.jit.is_scripting()
-            and not any(p._forward_pre_hooks or p._forward_hooks for p in projections)
-            and all(p.bias is not None for p in projections)
+            and _packable((self.q_proj, self.k_proj, self.v_proj))
         )
 
     def _packed_self_attention(
@@ -486,12 +484,10 @@ class ResidualMultiheadAttention(MultiheadAttention):
         (``_project_together``): q, k and v in self-attention, k and v in cross-attention. Not in
         decoding, where concatenating the weights at every step would cost more than it saves,
         nor under quant noise, which alters each projection's weight in its own forward."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
         return (
             self.training
             and torch.is_grad_enabled()
-            and not any(p._forward_pre_hooks or p._forward_hooks for p in projections)
-            and len({p.bias is None for p in projections}) == 1
+            and _packable((self.q_proj, self.k_proj, self.v_proj))
             and self.k_proj.in_features == self.v_proj.in_features
         )
 
@@ -502,8 +498,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         bias per projection, and in backward a GEMM pair and a bias sum per projection and an
         add where the input's gradients meet; here one of each. The values are the separate
         projections' (one GEMM computes each output as they do)."""
-        weight = torch.cat([p.weight for p in projections])
-        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        weight, bias = (torch.cat([getattr(p, name) for p in projections]) for name in ("weight", "bias"))
         out = F.linear(x, weight, bias)
         # one copy to (projection, length, batch, embed_dim), as torch's packed in-projection does:
         # then every projection's heads are a view
@@ -598,6 +593,13 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], dropout_p: fl
         with sdpa_kernel(_CUDA_BACKENDS):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+
+
+def _packable(projections) -> bool:
+    """These ``nn.Linear`` projections can run as one GEMM over their concatenated weights: each
+    has a bias (fairseq's default; its packed SDPA path concatenates them), and no hook alters its
+    weight in its own forward (fairseq's quant noise)."""
+    return all(p.bias is not None and not (p._forward_pre_hooks or p._forward_hooks) for p in projections)
 
 
 def _cacheable(t: Tensor) -> Tensor:
