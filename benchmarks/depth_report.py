@@ -181,7 +181,7 @@ def depth_figure(studies, test_name, path, what):
 
     variants = list(dict.fromkeys(v for study in studies for v in study["settings"]["variants"]))
     colours = dict(zip(variants, plt.get_cmap("tab10").colors))  # the sweep figures' colours
-    fig, ax = plt.subplots(figsize=(8, 5.2))
+    fig, ax = plt.subplots(figsize=(8, 6))
     for i, variant in enumerate(variants):
         shift = (i - (len(variants) - 1) / 2) * 0.3  # side by side at each depth: the seeds stay apart
         depths, means, failed = [], [], []
@@ -210,12 +210,22 @@ def depth_figure(studies, test_name, path, what):
         fontsize=10,
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: off the seeds' dots
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def machines(what, studies):
+    """*what* (the shallowest study's description, which ends in its machine) naming every study's
+    machine, by depth, where the studies ran on more than one."""
+    named = list(dict.fromkeys(study.get("machine") for study in studies if study.get("machine")))
+    if len(named) < 2:
+        return what
+    what = what.replace(f"; {named[0]}", "")
+    return what + "; " + "; ".join(f"{s['layers']}+{s['layers']}: {s['machine']}" for s in studies if s.get("machine"))
 
 
 def main(argv=None):
@@ -234,6 +244,7 @@ def main(argv=None):
     # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
     what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", base["what"])
     what += "" if base["settings"].get("bf16") else "; float32"  # quality.py names bf16 only
+    what = machines(what, [s for s, _ in studies])
     figure = depth_figure([s for s, _ in studies], test_name, args.figure, what)
     blocks.append(f"Figure: `{shown(figure)}`.")
     print("\n\n".join(blocks))

@@ -48,11 +48,8 @@ variant's name with ``+eager`` or ``+fused`` appended runs its residual attentio
 
 import argparse
 import contextlib
-import datetime
 import inspect
-import json
 import platform
-import shlex
 import sys
 import time
 from collections import Counter
@@ -441,20 +438,15 @@ def main():
             "seed": SEED,
             "dtype": args.precision,
         }
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "command": shlex.join(["python", "benchmarks/kernel_count.py", *sys.argv[1:]]),
-                    "date": datetime.date.today().isoformat(),
-                    "device": device_name(args.precision),
-                    "machine": speed.machine(argparse.Namespace(device="cpu")),
-                    "torch": torch.__version__,
-                    "settings": settings,
-                    "counting_rules": COUNTING_RULES,
-                    "runs": runs,
-                },
-                indent=1,
-            )
+        speed.write_result(
+            args.json,
+            "kernel_count.py",
+            sys.argv[1:],
+            device_name(args.precision),
+            speed.machine(argparse.Namespace(device="cpu")),
+            settings=settings,
+            counting_rules=COUNTING_RULES,
+            runs=runs,
         )
 
 

@@ -160,8 +160,9 @@ def _known_variant(name):
     return True
 
 
-def build(variant, layers, device, dtype):
-    """The variant's model with random weights (the same seed for every variant)."""
+def build(variant, layers, device, dtype, extra_flags=(), vocab=VOCAB):
+    """The variant's model with random weights (the same seed for every variant); *extra_flags*
+    after the variant's (e.g. another width), *vocab* symbols in its dictionary."""
     from fairseq import options
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_MODEL_REGISTRY
@@ -169,7 +170,7 @@ def build(variant, layers, device, dtype):
     import fairseq_realformer  # noqa: F401
 
     dictionary = Dictionary()
-    for i in range(VOCAB - dictionary.nspecial):
+    for i in range(vocab - dictionary.nspecial):
         dictionary.add_symbol(f"w{i}")
     flags = [
         "/unused",
@@ -183,6 +184,7 @@ def build(variant, layers, device, dtype):
         str(layers),
         "--dropout",
         "0.1",
+        *extra_flags,
     ]
     args = options.parse_args_and_arch(options.get_training_parser(), flags)
     task = type("Task", (), {"source_dictionary": dictionary, "target_dictionary": dictionary})
@@ -581,23 +583,31 @@ def main():
     write_json(args, runs, saved)
 
 
+def write_result(path, script, argv, device, machine, **content):
+    """A benchmark's JSON at *path*: the command that wrote it (``python benchmarks/SCRIPT ARGV``),
+    the date, the device and the machine, torch's version, then *content* (settings, runs, ...)."""
+    header = {
+        "command": shlex.join(["python", f"benchmarks/{script}", *argv]),
+        "date": datetime.date.today().isoformat(),
+        "device": device,
+        "machine": machine,
+        "torch": torch.__version__,
+    }
+    Path(path).write_text(json.dumps({**header, **content}, indent=1))
+
+
 def write_json(args, runs, saved):
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "memory_probe", "saved_probe")}
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "command": shlex.join(["python", "benchmarks/speed.py", *sys.argv[1:]]),
-                    "date": datetime.date.today().isoformat(),
-                    "device": device_name(args),
-                    "machine": machine(args),
-                    "torch": torch.__version__,
-                    "settings": settings,
-                    "runs": runs,
-                    "saved_for_backward": saved,
-                },
-                indent=1,
-            )
+        write_result(
+            args.json,
+            "speed.py",
+            sys.argv[1:],
+            device_name(args),
+            machine(args),
+            settings=settings,
+            runs=runs,
+            saved_for_backward=saved,
         )
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_realformer.errors import RealformerConfigError
-from fairseq_realformer.modules.backbones import scaled_add, tfixup_scales
+from fairseq_realformer.modules.backbones import tfixup_scales
 
 from .helpers import EMBED, build_model, make_dictionary, perturb_, random_batch, realformer
 
@@ -187,28 +187,3 @@ def test_resi_dual_layers_are_post_ln_and_add_only_the_stack_layer_norms():
         f"{side}.layer_norm.{p}" for side in ("encoder", "decoder") for p in ("weight", "bias")
     }
     assert not any(layer.normalize_before for layer in (*resi_dual.encoder.layers, *resi_dual.decoder.layers))
-
-
-@pytest.mark.parametrize("weight_shape", [(8,), (1,), ()], ids=["per-channel", "scalar-1", "scalar-0d"])
-def test_scaled_add_is_addcmul_with_its_gradients(weight_shape):
-    """ADMIN's and ReZero's join, ``base + scaled·weight`` in fewer backward kernels: the values
-    and every gradient are torch.addcmul's, and first and second derivatives pass gradcheck."""
-    torch.manual_seed(0)
-    base, scaled = (torch.randn(5, 3, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    weight = torch.randn(weight_shape, dtype=torch.float64, requires_grad=True)
-    grad = torch.randn(5, 3, 8, dtype=torch.float64)
-    ours = scaled_add(base, scaled, weight)
-    reference = torch.addcmul(base, scaled, weight)
-    assert torch.equal(ours, reference)
-    inputs = (base, scaled, weight)
-    for a, b in zip(torch.autograd.grad(ours, inputs, grad), torch.autograd.grad(reference, inputs, grad)):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
-    assert torch.autograd.gradcheck(scaled_add, inputs)
-    assert torch.autograd.gradgradcheck(scaled_add, inputs)
-
-
-def test_scaled_add_leaves_out_the_gradients_nobody_asked_for():
-    base = torch.randn(4, 2, 8, requires_grad=True)
-    scaled, weight = torch.randn(4, 2, 8), torch.randn(8)  # a frozen weight, a constant input
-    scaled_add(base, scaled, weight).sum().backward()
-    assert torch.equal(base.grad, torch.ones_like(base))

@@ -120,3 +120,15 @@ def test_a_missing_study_and_missing_seeds_are_said_in_a_line(tmp_path, capsys):
     )
     assert "| pre-ln | 12+12 | 37.50 ± 1.41 (lr 0.002, 2 seeds) | " in out  # 2 seeds against 3: tested
     assert "18+18" not in out
+
+
+def test_the_figure_names_every_machine_the_studies_ran_on():
+    depth_report = load_script("depth_report", BENCHMARKS)
+    what = "Multi30k en→de test_2016_flickr, d=128; AMD EPYC VM, 2 cores; float32"
+    one = [{"layers": 4, "machine": "AMD EPYC VM, 2 cores"}, {"layers": 12, "machine": "AMD EPYC VM, 2 cores"}]
+    assert depth_report.machines(what, one) == what
+    two = [one[0], {"layers": 12, "machine": "Intel Xeon VM, 2 cores for seeds 2 and 3"}]
+    assert depth_report.machines(what, two) == (
+        "Multi30k en→de test_2016_flickr, d=128; float32; "
+        "4+4: AMD EPYC VM, 2 cores; 12+12: Intel Xeon VM, 2 cores for seeds 2 and 3"
+    )

@@ -8,6 +8,7 @@ from fairseq.modules import MultiheadAttention
 
 from fairseq_realformer.modules import ResidualMultiheadAttention
 from fairseq_realformer.modules.residual_attention import Attended, Carried, PlainMultiheadAttention
+from fairseq_realformer.precision import autocast
 
 EMBED, HEADS, B, T, S = 16, 4, 3, 5, 7
 
@@ -246,7 +247,11 @@ def test_fairseqs_attention_off_the_path_answers_as_ours_and_computes_as_fairseq
     )
     torch.manual_seed(1)
     want, want_weights = theirs(x, kv, kv, **asked)
-    assert plain._packs_projections(x, kv, kv, asked) == (train and kind == "self")
+    fused = train and kind == "self"  # where fairseq runs F.multi_head_attention_forward
+    assert not plain._packs_projections(x, kv, kv, asked)  # float32: no casts to save
+    with autocast("cpu"):
+        assert plain._packs_projections(x, kv, kv, asked) == fused
+    plain._packs_projections = lambda *args: fused  # the packed GEMM, in float32, against fairseq's three
     torch.manual_seed(1)
     got = plain(x, kv, kv, **asked, carried=Carried(), depth=3)
     assert isinstance(got, Attended) and got.carried == Carried()
@@ -304,12 +309,17 @@ def test_training_projects_with_one_gemm_and_computes_what_separate_projections_
         torch.testing.assert_close(together, separate, rtol=0, atol=1e-12)
 
 
-def test_decoding_and_quant_noise_keep_the_projections_separate():
+def test_only_training_under_an_autocast_projects_together():
+    """One GEMM where it saves the autocast's casts (training, --bf16); separate projections in
+    float32, in decoding, and under quant noise."""
     _, ours = pair(self_attention=True)
-    assert not ours._projects_together()  # eval: pair() returns it in eval mode
-    ours.train()
-    assert ours._projects_together()
-    with torch.no_grad():
+    with autocast("cpu"):
+        assert not ours._projects_together()  # eval: pair() returns it in eval mode
+        ours.train()
+        assert ours._projects_together()
+        with torch.no_grad():
+            assert not ours._projects_together()
+    assert not ours._projects_together()  # float32
+    with autocast("cpu"):
+        ours.k_proj.register_forward_pre_hook(lambda module, inputs: None)  # as fairseq's quant_noise does
         assert not ours._projects_together()
-    ours.k_proj.register_forward_pre_hook(lambda module, inputs: None)  # as fairseq's quant_noise does
-    assert not ours._projects_together()

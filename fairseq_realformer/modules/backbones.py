@@ -70,32 +70,14 @@ def join_sum(x: Tensor, residual: Tensor, weight) -> Tensor:
     return residual + x
 
 
-class _ScaledAdd(torch.autograd.Function):
-    """``base + scaled·weight``, *weight* broadcast over *scaled* (a per-channel vector or a
-    scalar tensor), as one ``addcmul`` forward and three kernels backward. Autograd's own
-    ``addcmul`` backward takes five (it multiplies by its ``value`` 1 on both sides: four ``mul``
-    and a ``sum``), and on a GPU at NMT batch sizes a step's time follows its kernel count."""
-
-    @staticmethod
-    def forward(ctx, base: Tensor, scaled: Tensor, weight: Tensor) -> Tensor:
-        ctx.save_for_backward(scaled, weight)
-        return torch.addcmul(base, scaled, weight)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        scaled, weight = ctx.saved_tensors
-        grad_scaled = grad * weight if ctx.needs_input_grad[1] else None
-        grad_weight = (grad * scaled).sum_to_size(weight.shape) if ctx.needs_input_grad[2] else None
-        return grad, grad_scaled, grad_weight
-
-
-def scaled_add(base: Tensor, scaled: Tensor, weight: Tensor) -> Tensor:
-    """``base + scaled·weight`` with the gradients of ``torch.addcmul`` in fewer kernels."""
-    return _ScaledAdd.apply(base, scaled, weight)
+# ADMIN's and ReZero's joins are one ``addcmul``: six kernels forward and backward, where an
+# autograd Function of its own takes four. But on a GPU at NMT batch sizes a step waits on the host,
+# and such a Function's Python forward and backward cost the host more than the kernels they save
+# (benchmarks/host_time.py; benchmarks/RESULTS.md, "Host time").
 
 
 def join_scaled_residual(x: Tensor, residual: Tensor, omega: Tensor) -> Tensor:
-    return scaled_add(x, residual, omega)  # ADMIN: x·ω + f(x)
+    return torch.addcmul(x, residual, omega)  # ADMIN: x·ω + f(x)
 
 
 def join_alpha_residual(x: Tensor, residual: Tensor, alpha: float) -> Tensor:
@@ -103,7 +85,7 @@ def join_alpha_residual(x: Tensor, residual: Tensor, alpha: float) -> Tensor:
 
 
 def join_scaled_branch(x: Tensor, residual: Tensor, alpha: Tensor) -> Tensor:
-    return scaled_add(residual, x, alpha)  # ReZero: x + α·f(x)
+    return torch.addcmul(residual, x, alpha)  # ReZero: x + α·f(x)
 
 
 # --- DeepNorm ---------------------------------------------------------------------------------------

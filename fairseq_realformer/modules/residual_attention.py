@@ -162,12 +162,14 @@ class PlainMultiheadAttention(MultiheadAttention):
         return Attended(output, weights, Carried())
 
     def _packs_projections(self, query: Tensor, key, value, kwargs) -> bool:
-        """Training self-attention where fairseq calls ``F.multi_head_attention_forward`` (its
-        conditions), with the three projections' weights as torch's packed in-projection: one
-        GEMM instead of three, as ``ResidualMultiheadAttention._project_together``."""
+        """Training self-attention under an autocast where fairseq calls
+        ``F.multi_head_attention_forward`` (its conditions), with the three projections' weights as
+        torch's packed in-projection: one GEMM instead of three, as
+        ``ResidualMultiheadAttention._project_together`` (see there for why only under an autocast)."""
         return (
             self.training
             and torch.is_grad_enabled()
+            and torch.is_autocast_enabled(query.device.type)
             and query is key is value
             and kwargs.get("incremental_state") is None
             and not kwargs.get("static_kv", False)
@@ -480,13 +482,17 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return t.view(t.size(0), -1, self.head_dim).transpose(0, 1)
 
     def _projects_together(self) -> bool:
-        """In training, the projections that read the same input run as one GEMM
-        (``_project_together``): q, k and v in self-attention, k and v in cross-attention. Not in
-        decoding, where concatenating the weights at every step would cost more than it saves,
-        nor under quant noise, which alters each projection's weight in its own forward."""
+        """In training under an autocast (``--bf16``), the projections that read the same input run
+        as one GEMM (``_project_together``): q, k and v in self-attention, k and v in
+        cross-attention. There it saves a cast of the input per projection; in float32 it saves
+        none, and the host's time to concatenate the weights and lay out the result exceeds what
+        the fewer operations save (benchmarks/host_time.py; benchmarks/RESULTS.md, "Host time").
+        Not in decoding, where concatenating the weights at every step would cost more than it
+        saves, nor under quant noise, which alters each projection's weight in its own forward."""
         return (
             self.training
             and torch.is_grad_enabled()
+            and torch.is_autocast_enabled(self.q_proj.weight.device.type)
             and _packable((self.q_proj, self.k_proj, self.v_proj))
             and self.k_proj.in_features == self.v_proj.in_features
         )
