@@ -165,18 +165,15 @@ class PlainMultiheadAttention(MultiheadAttention):
         """Training self-attention under an autocast where fairseq calls
         ``F.multi_head_attention_forward`` (its conditions), with the three projections' weights as
         torch's packed in-projection: one GEMM instead of three, as
-        ``ResidualMultiheadAttention._project_together`` (see there for why only under an autocast)."""
+        ``ResidualMultiheadAttention._project_together``, where ``_joins_projections`` allows."""
         return (
-            self.training
-            and torch.is_grad_enabled()
-            and torch.is_autocast_enabled(query.device.type)
+            _joins_projections(self)
             and query is key is value
             and kwargs.get("incremental_state") is None
             and not kwargs.get("static_kv", False)
             and not (self.onnx_trace or self.skip_embed_dim_check or self.use_xformers)
             and query.device.type != "xla"
             and not torch.jit.is_scripting()
-            and _packable((self.q_proj, self.k_proj, self.v_proj))
         )
 
     def _packed_self_attention(
@@ -482,20 +479,9 @@ class ResidualMultiheadAttention(MultiheadAttention):
         return t.view(t.size(0), -1, self.head_dim).transpose(0, 1)
 
     def _projects_together(self) -> bool:
-        """In training under an autocast (``--bf16``), the projections that read the same input run
-        as one GEMM (``_project_together``): q, k and v in self-attention, k and v in
-        cross-attention. There it saves a cast of the input per projection; in float32 it saves
-        none, and the host's time to concatenate the weights and lay out the result exceeds what
-        the fewer operations save (benchmarks/host_time.py; benchmarks/RESULTS.md, "Host time").
-        Not in decoding, where concatenating the weights at every step would cost more than it
-        saves, nor under quant noise, which alters each projection's weight in its own forward."""
-        return (
-            self.training
-            and torch.is_grad_enabled()
-            and torch.is_autocast_enabled(self.q_proj.weight.device.type)
-            and _packable((self.q_proj, self.k_proj, self.v_proj))
-            and self.k_proj.in_features == self.v_proj.in_features
-        )
+        """Where ``_joins_projections`` allows, the projections that read the same input run as one
+        GEMM (``_project_together``): q, k and v in self-attention, k and v in cross-attention."""
+        return _joins_projections(self) and self.k_proj.in_features == self.v_proj.in_features
 
     def _project_together(self, x: Tensor, projections):
         """*projections* of the one input *x*, split into heads as ``_project`` gives them, from one
@@ -504,7 +490,8 @@ class ResidualMultiheadAttention(MultiheadAttention):
         bias per projection, and in backward a GEMM pair and a bias sum per projection and an
         add where the input's gradients meet; here one of each. The values are the separate
         projections' (one GEMM computes each output as they do)."""
-        weight, bias = (torch.cat([getattr(p, name) for p in projections]) for name in ("weight", "bias"))
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections])
         out = F.linear(x, weight, bias)
         # one copy to (projection, length, batch, embed_dim), as torch's packed in-projection does:
         # then every projection's heads are a view
@@ -601,11 +588,22 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], dropout_p: fl
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
-def _packable(projections) -> bool:
-    """These ``nn.Linear`` projections can run as one GEMM over their concatenated weights: each
-    has a bias (fairseq's default; its packed SDPA path concatenates them), and no hook alters its
-    weight in its own forward (fairseq's quant noise)."""
-    return all(p.bias is not None and not (p._forward_pre_hooks or p._forward_hooks) for p in projections)
+def _joins_projections(attention: MultiheadAttention) -> bool:
+    """*attention*'s q, k and v projections run as one GEMM over their concatenated weights (both
+    modules' packed paths): in training under an autocast (``--bf16``), where it saves a cast of the
+    input per projection. In float32 it saves none, and the host's time to concatenate the weights
+    and lay out the result exceeds what the fewer operations save (benchmarks/host_time.py;
+    benchmarks/RESULTS.md, "Host time"). Not in decoding, where concatenating the weights at every
+    step would cost more than it saves. Each projection needs a bias (fairseq's default; its packed
+    SDPA path concatenates them), and no hook may alter its weight in its own forward (fairseq's
+    quant noise)."""
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    return (
+        attention.training
+        and torch.is_grad_enabled()
+        and torch.is_autocast_enabled(attention.q_proj.weight.device.type)
+        and all(p.bias is not None and not (p._forward_pre_hooks or p._forward_hooks) for p in projections)
+    )
 
 
 def _cacheable(t: Tensor) -> Tensor:
