@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 41's GPU run, in one command under the device tool's limits (≤ 8 minutes on one H100/H200):
-#   1. the fused residual attention against the eager chain on this device (tests/test_fused_attention.py:
-#      outputs and every gradient, decoding, beam search, in float32 through the memory-efficient kernel);
+#   1. both fused residual attentions (fused, concat) against the eager chain on this device
+#      (tests/test_fused_attention.py: outputs and every gradient, decoding, beam search, in float32
+#      through the memory-efficient kernel; concat's saved memory linear in depth);
 #   2. benchmarks/speed.py in bf16 (~4k and ~16k target tokens a batch) and fp16 (~4k), 6L-6L and
-#      18L-18L, lengths 30 and 100: fairseq, post-ln, admin, realformer eager and realformer fused
-#      with the CUDA kernels of a training step and the SDPA backend that ran (--profile).
+#      18L-18L, lengths 30 and 100: fairseq, post-ln, admin, realformer eager and realformer concat
+#      with the CUDA kernels of a training step and the SDPA backend that ran (--profile). fused was
+#      timed on the first run (benchmarks/RESULTS.md) and is left out for time.
 # Each speed run writes its JSON after every cell and stops at its share of the time, so a run cut
 # short keeps what it measured. The carried wheels (.whl, e.g. ve-fairseq for the device's
 # Python) are installed first when fairseq is missing.
@@ -25,7 +27,7 @@ if [ -d "$root/.whl" ] && ! "$py" -c "import fairseq" 2>/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-variants=fairseq,post-ln,admin,realformer+eager,realformer+fused
+variants=fairseq,post-ln,admin,realformer+eager,realformer+concat
 if [ $rehearse = 1 ]; then
   device=(--device cpu --sizes 6L-6L --lengths 30 --steps 1 --repeats 1 --gen-sentences 2)
   runs=("fp32 128,256 120")
@@ -36,7 +38,7 @@ else
 fi
 "$py" -c "import torch, fairseq; print('torch', torch.__version__, 'fairseq', fairseq.__version__)"
 
-say "1/2 fused against eager on this device: tests/test_fused_attention.py"
+say "1/2 fused and concat against eager on this device: tests/test_fused_attention.py"
 "$py" -m pytest -q -p no:cacheprovider -rfs "$root/tests/test_fused_attention.py" >"$out/gpu-fused-tests.log" 2>&1 ||
   say "some tests failed: $out/gpu-fused-tests.log"
 tail -n 5 "$out/gpu-fused-tests.log"
@@ -45,7 +47,7 @@ for run in "${runs[@]}"; do
   read -r dtype tokens seconds <<<"$run"
   say "2/2 speed.py --dtype $dtype --tokens-per-batch $tokens (at most $seconds s): $variants"
   timeout "$seconds" "$py" "$root/benchmarks/speed.py" --dtype "$dtype" --variants "$variants" --profile \
-    --tokens-per-batch "$tokens" "${device[@]}" --json "$out/gpu-speed-fused-$dtype.json" ||
-    say "speed.py --dtype $dtype stopped (exit $?): $out/gpu-speed-fused-$dtype.json holds the cells it finished"
+    --tokens-per-batch "$tokens" "${device[@]}" --json "$out/gpu-speed-fused-concat-$dtype.json" ||
+    say "speed.py --dtype $dtype stopped (exit $?): $out/gpu-speed-fused-concat-$dtype.json holds the cells it finished"
 done
 say "done: $out"

@@ -23,9 +23,9 @@ blocks, interleaved across variants and repeated. A variant's time is its fastes
 work itself, which noise only ever adds to; the ratio to fairseq is also given as the median of the
 per-repeat (paired) ratios, which a drift of the machine cancels out of.
 
-Variants: speed.py's; a plugin variant's name with ``+eager`` or ``+fused`` appended runs its
-residual attention that way. The fused path's time here is not a GPU's: on a CPU its
-``scaled_dot_product_attention`` with a bias runs PyTorch's math path, many operations that
+Variants: speed.py's; a plugin variant's name with ``+eager``, ``+fused`` or ``+concat`` appended
+runs its residual attention that way. The fused paths' time here is not a GPU's: on a CPU their
+``scaled_dot_product_attention`` (with a bias, or queries wider than the values) runs PyTorch's math path, many operations that
 kernel_count.py counts as one and that a GPU runs as one kernel.
 
     python benchmarks/host_time.py                                  # default variants, both sizes

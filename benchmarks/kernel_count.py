@@ -13,6 +13,12 @@ plugin's --bf16 autocast, whose casts a GPU runs as copy kernels:
                   hypothesis forced to LENGTH tokens + EOS (min_len = max_len, as speed.py)
     saved         bytes autograd keeps for backward in the training forward of the model (distinct
                   storages, as speed.py's ``saved_for_backward_bytes``), for this batch
+    saved (GPU)   the same, with each ``scaled_dot_product_attention`` call keeping what PyTorch's
+                  fused GPU kernels keep (flash, memory-efficient, cuDNN): its inputs as given (a
+                  view keeps its base), the bias, the output and a float32 log-sum-exp per query
+                  row. On this CPU a call with a bias, or with queries wider than the values, runs
+                  PyTorch's math path, which keeps its own intermediates besides; a GPU kernel does
+                  not. A model of the kernels, not a measurement on a GPU.
 each also as a ratio to fairseq's ``transformer`` at the same size and length. The counts do not
 depend on the batch size; the saved bytes do. ADMIN's ω is profiled (``admin.initialize``) before
 anything is counted, as fairseq-train does before its first step.
@@ -37,7 +43,7 @@ Counting rules:
     model builds on its first call is counted (the counts with and without the check are equal).
 
 Variants: speed.py's (``fairseq`` and those of fairseq_realformer/variants.py), and as there a plugin
-variant's name with ``+eager`` or ``+fused`` appended runs its residual attention that way
+variant's name with ``+eager``, ``+fused`` or ``+concat`` appended runs its residual attention that way
 (``--residual-attention-kernel``; the plain name is ``auto``).
 
     python benchmarks/kernel_count.py                    # default variants, both sizes and lengths
@@ -216,22 +222,28 @@ class AttentionAsOneOp(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def attend(self, func, args, kwargs):
-        leaves, spec = tree_flatten((args, kwargs))
-        where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        tensors = [leaves[i] for i in where]
+        tensors, call = tensor_call(func, args, kwargs)
         if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):  # decoding: no backward
             self.counter.counts[FUSED] += 1
             with self.counter.pause():
                 return func(*args, **kwargs)
-
-        def call(*inputs):
-            new = list(leaves)
-            for i, x in zip(where, inputs):
-                new[i] = x
-            call_args, call_kwargs = tree_unflatten(new, spec)
-            return func(*call_args, **call_kwargs)
-
         return FusedAttention.apply(self.counter, call, *tensors)
+
+
+def tensor_call(func, args, kwargs):
+    """The tensors among *func*'s arguments, and *func* as a function of those tensors alone (the
+    other arguments fixed): what an autograd Function around the call takes."""
+    leaves, spec = tree_flatten((args, kwargs))
+    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+
+    def call(*inputs):
+        new = list(leaves)
+        for i, x in zip(where, inputs):
+            new[i] = x
+        call_args, call_kwargs = tree_unflatten(new, spec)
+        return func(*call_args, **call_kwargs)
+
+    return [leaves[i] for i in where], call
 
 
 class Counting:
@@ -276,8 +288,39 @@ def train_step(model, sample, counting=None, precision="fp32"):
     return [loss.detach(), *(p.grad for p in model.parameters())]
 
 
-def saved_for_backward_bytes(model, sample, precision="fp32"):
-    """Bytes of the distinct storages autograd keeps for backward in one training forward."""
+class KeepsWhatAGpuKernelKeeps(torch.autograd.Function):
+    """An attention call that keeps for backward what a fused GPU kernel keeps (``saved (GPU)``):
+    *tensors* (the inputs, the bias among them), the output and a float32 log-sum-exp per query
+    row. Its forward runs the real call without a graph; it has no backward (it is only measured)."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        with torch.no_grad():
+            out = call(*tensors)
+        log_sum_exp = out.new_empty(out.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(*tensors, out, log_sum_exp)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        raise RuntimeError("KeepsWhatAGpuKernelKeeps is for measuring what is saved, not for backward")
+
+
+class AttentionSavesAsOnAGpu(AttentionAsOneOp):
+    """Catches every ``scaled_dot_product_attention`` call, as ``AttentionAsOneOp``, and keeps what a
+    fused GPU kernel would keep for it (``KeepsWhatAGpuKernelKeeps``)."""
+
+    def __init__(self):
+        super().__init__(counter=None)
+
+    def attend(self, func, args, kwargs):
+        tensors, call = tensor_call(func, args, kwargs)
+        return KeepsWhatAGpuKernelKeeps.apply(call, *tensors)
+
+
+def saved_for_backward_bytes(model, sample, precision="fp32", as_on_a_gpu=False):
+    """Bytes of the distinct storages autograd keeps for backward in one training forward; with
+    *as_on_a_gpu*, each attention call keeping what a fused GPU kernel keeps."""
     storages = {}
 
     def keep(t):
@@ -291,7 +334,8 @@ def saved_for_backward_bytes(model, sample, precision="fp32"):
 
     model.train()
     torch.manual_seed(SEED)
-    with torch.autograd.graph.saved_tensors_hooks(keep, never_unpacked), autocast(precision):
+    attention = AttentionSavesAsOnAGpu() if as_on_a_gpu else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(keep, never_unpacked), autocast(precision), attention:
         model(**sample["net_input"])
     return sum(storage.nbytes() for storage in storages.values())
 
@@ -326,6 +370,7 @@ def count(variant, size, length, check, precision="fp32"):
     sample = speed.batch(dictionary, TRAIN_SENTENCES, length, "cpu")
     admin.initialize(model, sample["net_input"])  # ω profiled here, not in the counted step
     saved = saved_for_backward_bytes(model, sample, precision)
+    saved_gpu = saved_for_backward_bytes(model, sample, precision, as_on_a_gpu=True)
     plain = train_step(model, sample, precision=precision) if check else None
     train = Counting()
     counted = train_step(model, sample, train, precision)
@@ -350,6 +395,7 @@ def count(variant, size, length, check, precision="fp32"):
         "train_ops": sum(train.counts.values()),
         "decode_ops": sum(gen.counts.values()),
         "saved_for_backward_bytes": saved,
+        "saved_for_backward_bytes_gpu_kernels": saved_gpu,
         "train_ops_by_name": dict(sorted(train.counts.items())),
         "decode_ops_by_name": dict(sorted(gen.counts.items())),
         "excluded_by_name": {
@@ -367,10 +413,12 @@ def report(runs, precision):
     lines = [
         f"Device: {device_name(precision)}; torch {torch.__version__}; training step: forward, cross-entropy and "
         f"backward of {TRAIN_SENTENCES} sentences × LENGTH tokens; decode: beam {BEAM}, {DECODE_SENTENCES} "
-        "sentences, LENGTH tokens + EOS each; saved: bytes kept for backward by the training forward",
+        "sentences, LENGTH tokens + EOS each; saved: bytes kept for backward by the training forward; "
+        "saved (GPU): the same, each attention call keeping what a fused GPU kernel keeps",
         "",
-        "| size | length | variant | train ops | × fairseq | decode ops | × fairseq | saved (MiB) | × fairseq |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| size | length | variant | train ops | × fairseq | decode ops | × fairseq | saved (MiB) | × fairseq "
+        "| saved (GPU) (MiB) | × fairseq |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {(r["size"], r["length"]): r for r in runs if r["variant"] == "fairseq"}
     for r in runs:
@@ -379,7 +427,8 @@ def report(runs, precision):
         lines.append(
             f"| {r['size']} | {r['length']} | {r['variant']} | {r['train_ops']:,} | {ratio('train_ops')} | "
             f"{r['decode_ops']:,} | {ratio('decode_ops')} | {r['saved_for_backward_bytes'] / 2**20:.1f} | "
-            f"{ratio('saved_for_backward_bytes')} |"
+            f"{ratio('saved_for_backward_bytes')} | {r['saved_for_backward_bytes_gpu_kernels'] / 2**20:.1f} | "
+            f"{ratio('saved_for_backward_bytes_gpu_kernels')} |"
         )
     lines += [
         "",

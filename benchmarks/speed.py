@@ -28,9 +28,9 @@ Precision on a GPU (``--dtype``) is what fairseq-train does with the plugin load
     python benchmarks/speed.py --quick --variants fairseq,realformer,realformer-value-residual,resi-dual,resi-dual-realformer
     python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU (and --dtype fp16)
 
-A plugin variant's name with ``+eager`` or ``+fused`` appended runs its residual attention that
-way (``--residual-attention-kernel``; the plain name is ``auto``: fused on CUDA, eager on a CPU),
-e.g. ``--variants fairseq,realformer+eager,realformer``. ``--tokens-per-batch 4096,16384`` times
+A plugin variant's name with ``+eager``, ``+fused`` or ``+concat`` appended runs its residual
+attention that way (``--residual-attention-kernel``; the plain name is ``auto``, eager today), e.g.
+``--variants fairseq,realformer+eager,realformer+concat``. ``--tokens-per-batch 4096,16384`` times
 training at each batch size (generation, whose batch is ``--gen-sentences``, at the first only).
 ``--profile`` also records, per cell and variant, the CUDA kernels of one training step
 (torch.profiler) and the attention kernels among them, which name the SDPA backend that ran.
@@ -61,11 +61,12 @@ VARIANTS = {
     **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()},
 }
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
-KERNEL_SUFFIXES = ("+eager", "+fused")  # a plugin variant run with --residual-attention-kernel eager / fused
+# a plugin variant run with --residual-attention-kernel eager / fused / concat
+KERNEL_SUFFIXES = ("+eager", "+fused", "+concat")
 
 
 def variant_flags(name):
-    """The flags of *name*: a VARIANTS entry, or a plugin variant + ``+eager`` / ``+fused``
+    """The flags of *name*: a VARIANTS entry, or a plugin variant + a ``KERNEL_SUFFIXES`` entry
     (KeyError for anything else)."""
     for suffix in KERNEL_SUFFIXES:
         base = name[: -len(suffix)]

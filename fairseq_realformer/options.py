@@ -77,8 +77,10 @@ FLAGS = (
         choices=KERNELS,
         model_defining=False,
         help="how residual attention runs: fused: one scaled_dot_product_attention call per layer "
-        "(the carried scores as its additive bias); eager: the score chain op by op (the reference); "
-        "auto: eager (on an H100 the fused layers were not faster yet). The same numbers either way",
+        "(the carried scores as its additive bias); concat: one call per layer over the queries and keys "
+        "of the path's layers so far, side by side (S_n as one product; decoding runs eager); eager: the "
+        "score chain op by op (the reference); auto: eager (on an H100 the fused layers were not faster "
+        "yet). The same numbers every way",
     ),
     Flag(
         "--backbone",

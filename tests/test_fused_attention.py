@@ -1,8 +1,9 @@
-"""The fused residual attention (one ``scaled_dot_product_attention`` call per layer, the carried
-scores as its additive bias) computes what the eager score chain computes: outputs and every
-gradient in float64, incremental decoding, beam search, LayerDrop, half-precision carries, and the
-same dropout distribution. On a machine with CUDA the same checks also run there, in float32
-(PyTorch's memory-efficient kernel, the one the fused path is pinned to)."""
+"""Both fused residual attentions (one ``scaled_dot_product_attention`` call per layer: ``fused``,
+the carried scores as its additive bias; ``concat``, the concatenated queries and keys of the
+path's layers so far) compute what the eager score chain computes: outputs and every gradient in
+float64, incremental decoding, beam search, LayerDrop, half-precision carries, and the same
+dropout distribution. On a machine with CUDA the same checks also run there, in float32
+(PyTorch's memory-efficient kernel, the one both are pinned to)."""
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules import ResidualMultiheadAttention
 from fairseq_realformer.modules.residual_attention import Carried
+from fairseq_realformer.modules.score_factors import ScoreFactors
 
 from .helpers import BACKBONES, VALUE_RESIDUAL, make_dictionary, perturb_, random_batch, realformer
 
@@ -21,13 +23,14 @@ DEVICES = ["cpu", CUDA]
 # float64 on the CPU: equal to round-off. float32 on CUDA: the kernels sum in another order.
 DTYPE = {"cpu": torch.float64, "cuda": torch.float32}
 TOLERANCE = {"cpu": 1e-10, "cuda": 2e-5}
+FUSED_KERNELS = ["fused", "concat"]
 
 
-def pair(*flags, device="cpu", seed=0):
-    """The same model (same weights) twice: residual attention eager, and fused."""
+def pair(*flags, device="cpu", seed=0, kernel="fused"):
+    """The same model (same weights) twice: residual attention eager, and run by *kernel*."""
     models = []
-    for kernel in ("eager", "fused"):
-        model = perturb_(realformer(*flags, "--residual-attention-kernel", kernel, dictionary=DICT, seed=seed))
+    for run_by in ("eager", kernel):
+        model = perturb_(realformer(*flags, "--residual-attention-kernel", run_by, dictionary=DICT, seed=seed))
         models.append(model.to(device=device, dtype=DTYPE[device]))
     return models
 
@@ -60,26 +63,29 @@ def on(device, *tensors):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("value_residual", VALUE_RESIDUAL)
 @pytest.mark.parametrize("backbone", BACKBONES)
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_outputs_and_gradients_equal_the_eager_chain(mode, backbone, value_residual, device):
-    eager, fused = pair("all", mode, backbone, *VALUE_RESIDUAL[value_residual], device=device)
+def test_outputs_and_gradients_equal_the_eager_chain(mode, backbone, value_residual, kernel, device):
+    eager, fused = pair("all", mode, backbone, *VALUE_RESIDUAL[value_residual], device=device, kernel=kernel)
     batch = on(device, *random_batch(DICT, SRC_LENS, TGT_LENS))
     assert_same_step(eager, fused, batch, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize("paths", ["encoder", "decoder", "cross", "encoder,cross", "none"])
-def test_each_path_alone_and_paths_off(paths, device):
+def test_each_path_alone_and_paths_off(paths, kernel, device):
     """A path off keeps fairseq's own attention; value residual alone uses the fused kernel."""
-    eager, fused = pair(paths, "mean", "admin", *VALUE_RESIDUAL["vr-learned"], device=device)
+    eager, fused = pair(paths, "mean", "admin", *VALUE_RESIDUAL["vr-learned"], device=device, kernel=kernel)
     batch = on(device, *random_batch(DICT, SRC_LENS, TGT_LENS))
     assert_same_step(eager, fused, batch, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_layerdrop_drops_the_same_layers_and_counts_them_alike(device):
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
+def test_layerdrop_drops_the_same_layers_and_counts_them_alike(kernel, device):
     flags = [
         "--encoder-layers",
         "4",
@@ -90,18 +96,22 @@ def test_layerdrop_drops_the_same_layers_and_counts_them_alike(device):
         "--decoder-layerdrop",
         "0.5",
     ]
-    eager, fused = pair("all", "mean", "admin", *flags, device=device)
+    eager, fused = pair("all", "mean", "admin", *flags, device=device, kernel=kernel)
     batch = on(device, *random_batch(DICT, SRC_LENS, TGT_LENS))
     for seed in range(3):  # different layers dropped each time
         assert_same_step(eager, fused, batch, device, seed)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
 @pytest.mark.parametrize(
     "mode, backbone, value_residual", [("mean", "admin", "no-vr"), ("sum", "resi-dual", "vr-learned")]
 )
-def test_incremental_decoding_equals_the_full_forward_pass(mode, backbone, value_residual, device):
-    eager, fused = (m.eval() for m in pair("all", mode, backbone, *VALUE_RESIDUAL[value_residual], device=device))
+def test_incremental_decoding_equals_the_full_forward_pass(mode, backbone, value_residual, kernel, device):
+    """The eager model's full forward pass against *kernel*'s decoding steps (concat decodes
+    eagerly: its steps carry the scores' rows)."""
+    flags = ("all", mode, backbone, *VALUE_RESIDUAL[value_residual])
+    eager, fused = (m.eval() for m in pair(*flags, device=device, kernel=kernel))
     src, src_len, prev = on(device, *random_batch(DICT, SRC_LENS, [7, 7, 7]))
     full, _ = eager.decoder(prev, encoder_out=eager.encoder(src, src_lengths=src_len))
     encoder_out = fused.encoder(src, src_lengths=src_len)
@@ -112,10 +122,11 @@ def test_incremental_decoding_equals_the_full_forward_pass(mode, backbone, value
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_beam_search_finds_the_same_hypotheses_with_the_same_scores(device):
+@pytest.mark.parametrize("kernel", FUSED_KERNELS)
+def test_beam_search_finds_the_same_hypotheses_with_the_same_scores(kernel, device):
     """Beam 4 (beamable cross-attention: a sentence's hypotheses share its keys) and the
     alignment, which the last cross-attention layer answers from the eager chain."""
-    eager, fused = (m.eval() for m in pair("all", "mean", "admin", device=device, seed=3))
+    eager, fused = (m.eval() for m in pair("all", "mean", "admin", device=device, seed=3, kernel=kernel))
     src, src_len, _ = on(device, *random_batch(DICT, SRC_LENS, TGT_LENS))
     sample = {"net_input": {"src_tokens": src, "src_lengths": src_len}}
     found = []
@@ -130,10 +141,10 @@ def test_beam_search_finds_the_same_hypotheses_with_the_same_scores(device):
             torch.testing.assert_close(got["attention"], want["attention"], rtol=0, atol=atol)
 
 
-def module_pair(**kwargs):
+def module_pair(kernel="fused", **kwargs):
     torch.manual_seed(0)
     eager = ResidualMultiheadAttention(16, 4, self_attention=True, kernel="eager", **kwargs)
-    fused = ResidualMultiheadAttention(16, 4, self_attention=True, kernel="fused", **kwargs)
+    fused = ResidualMultiheadAttention(16, 4, self_attention=True, kernel=kernel, **kwargs)
     fused.load_state_dict(eager.state_dict())
     return eager, fused
 
@@ -195,16 +206,24 @@ def test_attention_dropout_has_the_eager_distribution():
             torch.manual_seed(1)
             xs = x.expand(6, draws, 16)  # every batch row the same input: a draw per row
             outputs[name] = module(xs, xs, xs, carried=Carried(prev.repeat(draws, 1, 1)), depth=2).output
-    mean = {k: v.mean(dim=1) for k, v in outputs.items()}
-    var = {k: v.var(dim=1) for k, v in outputs.items()}
-    standard_error = (var["eager"] / draws).sqrt()
-    assert ((mean["fused"] - mean["eager"]).abs() / standard_error).max() < 5
-    ratio = var["fused"] / var["eager"]
-    assert 0.8 < ratio.median() < 1.25 and ((ratio > 0.7) & (ratio < 1.4)).float().mean() > 0.95
+    mean, standard_error = assert_same_distribution(outputs, "fused")
     # and without dropout both give the one deterministic output, which the means estimate
     eager.eval()
     exact = eager(x, x, x, carried=Carried(prev), depth=2).output[:, 0].detach()
-    assert ((mean["fused"] - exact).abs() / standard_error).max() < 5
+    assert ((mean - exact).abs() / standard_error).max() < 5
+
+
+def assert_same_distribution(outputs, kernel):
+    """Over the draws (dim 1), each output's mean and variance under *kernel* agree with the eager
+    chain's within their sampling error. Returns *kernel*'s means and the eager ones' standard error."""
+    draws = outputs["eager"].size(1)
+    mean = {k: v.mean(dim=1) for k, v in outputs.items()}
+    var = {k: v.var(dim=1) for k, v in outputs.items()}
+    standard_error = (var["eager"] / draws).sqrt()
+    assert ((mean[kernel] - mean["eager"]).abs() / standard_error).max() < 5
+    ratio = var[kernel] / var["eager"]
+    assert 0.8 < ratio.median() < 1.25 and ((ratio > 0.7) & (ratio < 1.4)).float().mean() > 0.95
+    return mean[kernel], standard_error
 
 
 def test_kernel_flag_reaches_every_residual_module_and_refuses_other_values():
@@ -215,7 +234,7 @@ def test_kernel_flag_reaches_every_residual_module_and_refuses_other_values():
         "auto"
     }
     with pytest.raises(
-        RealformerConfigError, match="--residual-attention-kernel flash: choose from auto, fused, eager"
+        RealformerConfigError, match="--residual-attention-kernel flash: choose from auto, fused, concat, eager"
     ):
         realformer("all", "mean", "admin", "--residual-attention-kernel", "flash", dictionary=DICT)
 
@@ -223,3 +242,141 @@ def test_kernel_flag_reaches_every_residual_module_and_refuses_other_values():
 def test_auto_is_eager_until_the_fused_kernel_measures_faster():
     module = ResidualMultiheadAttention(16, 4, self_attention=True)
     assert module.kernel == "auto" and not module._fused()
+
+
+def run_path(modules, x, **kwargs):
+    """*modules* as consecutive self-attention layers of one path over the same input *x*: the
+    outputs and the last ``Carried``."""
+    carried, outputs = Carried(), []
+    for depth, module in enumerate(modules, start=1):
+        attended = module(x, x, x, carried=carried, depth=depth, **kwargs)
+        outputs.append(attended.output)
+        carried = attended.carried
+    return outputs, carried
+
+
+def path_pair(layers=3, path_layers=None, **kwargs):
+    """*layers* eager modules and as many concat ones with the same weights, in float64."""
+    torch.manual_seed(0)
+    eager = [ResidualMultiheadAttention(16, 4, self_attention=True, kernel="eager", **kwargs) for _ in range(layers)]
+    concat = [
+        ResidualMultiheadAttention(16, 4, self_attention=True, kernel="concat", path_layers=path_layers, **kwargs)
+        for _ in range(layers)
+    ]
+    for e, c in zip(eager, concat):
+        c.load_state_dict(e.state_dict())
+    return [m.double() for m in eager], [m.double() for m in concat]
+
+
+PADDING = torch.tensor([[False] * 5, [False, False, False, True, True]])  # right-padded, as decoder inputs
+FUTURE = torch.full((5, 5), float("-inf")).triu(1).double()
+
+
+@pytest.mark.parametrize("running_mean", [False, True])
+def test_concat_hands_on_factors_whose_product_is_the_unmasked_sum(running_mean):
+    """Under concat a layer hands on [Q_1‖…‖Q_n] and [K_1‖…‖K_n]: their product is the eager
+    chain's S_n, unmasked and undivided; the outputs and the input's gradient are the eager
+    chain's; and every layer's factors are views of one buffer per factor (what keeps the memory
+    O(N))."""
+    eager, concat = path_pair(path_layers=3, running_mean=running_mean)
+    x = torch.randn(5, 2, 16, dtype=torch.float64)
+    masks = {"key_padding_mask": PADDING, "attn_mask": FUTURE}
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    want, want_carried = run_path(eager, xs[0], **masks)
+    got, got_carried = run_path(concat, xs[1], **masks)
+    factors = got_carried.factors
+    assert got_carried.scores is None and isinstance(factors, ScoreFactors) and factors.layers == 3
+    product = torch.bmm(factors.per_head(factors.queries), factors.per_head(factors.keys).transpose(1, 2))
+    torch.testing.assert_close(product * concat[0].scaling, want_carried.scores, rtol=0, atol=1e-12)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    weights = torch.linspace(-1, 1, 16, dtype=torch.float64)
+    for out in (got, want):
+        sum((o * weights).sum() for o in out).backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=0, atol=1e-12)
+    carried, layers = Carried(), []
+    for depth, module in enumerate(concat, start=1):
+        carried = module(x, x, x, carried=carried, depth=depth).carried
+        layers.append(carried.factors)
+    for name in ("queries", "keys"):
+        assert len({getattr(f, name).untyped_storage().data_ptr() for f in layers}) == 1  # one buffer per factor
+
+
+@pytest.mark.parametrize("path_layers", [None, 1, 2])
+def test_concat_buffers_grow_for_a_deeper_path_and_branch(path_layers):
+    """A path deeper than its buffers were made for (or of unknown depth) grows them, and a
+    layer's factors extended twice (a path that branches) give each branch its own: the same
+    numbers as the eager chain either way."""
+    eager, concat = path_pair(layers=4, path_layers=path_layers, running_mean=True)
+    x = torch.randn(5, 2, 16, dtype=torch.float64)
+    want, want_carried = run_path(eager, x, key_padding_mask=PADDING)
+    got, got_carried = run_path(concat, x, key_padding_mask=PADDING)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    _, two = run_path(concat[:2], x, key_padding_mask=PADDING)
+    first = concat[2](x, x, x, key_padding_mask=PADDING, carried=two, depth=3)
+    second = concat[3](x, x, x, key_padding_mask=PADDING, carried=two, depth=3)  # the same layer 2 extended again
+    _, eager_two = run_path(eager[:2], x, key_padding_mask=PADDING)
+    for module, got_branch in ((eager[2], first), (eager[3], second)):
+        want_branch = module(x, x, x, key_padding_mask=PADDING, carried=eager_two, depth=3)
+        torch.testing.assert_close(got_branch.output, want_branch.output, rtol=0, atol=1e-12)
+
+
+def test_concat_asked_for_the_probabilities_runs_the_eager_chain_over_the_factors():
+    """need_head_weights under concat: the probabilities of softmax(S_n/n + mask), S_n the
+    factors' product, and the output that goes with them."""
+    eager, concat = path_pair(running_mean=True)
+    x = torch.randn(5, 2, 16, dtype=torch.float64)
+    want, want_carried = run_path(eager[:2], x, key_padding_mask=PADDING)
+    got, got_carried = run_path(concat[:2], x, key_padding_mask=PADDING)
+    want = eager[2](x, x, x, key_padding_mask=PADDING, carried=want_carried, depth=3, need_head_weights=True)
+    got = concat[2](x, x, x, key_padding_mask=PADDING, carried=got_carried, depth=3, need_head_weights=True)
+    torch.testing.assert_close(got.weights, want.weights, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.output, want.output, rtol=0, atol=1e-12)
+    assert got.carried.factors.layers == 3
+
+
+def test_concat_attention_dropout_has_the_eager_distribution():
+    """Dropout inside the kernel under concat, as under fused: over many draws of the same
+    inputs, each output's mean and variance agree with the eager chain's."""
+    eager, concat = path_pair(layers=2, running_mean=True, dropout=0.3)
+    x = torch.randn(6, 1, 16, dtype=torch.float64)
+    draws = 2000
+    xs = x.expand(6, draws, 16)  # every batch row the same input: a draw per row
+    outputs = {}
+    with torch.no_grad():
+        for name, (first, second) in (("eager", eager), ("concat", concat)):
+            first.eval(), second.train()
+            carried = first(xs, xs, xs, depth=1).carried
+            torch.manual_seed(1)
+            outputs[name] = second(xs, xs, xs, carried=carried, depth=2).output
+    assert_same_distribution(outputs, "concat")
+
+
+def saved_bytes(fn):
+    """Bytes autograd keeps for backward while *fn* runs (distinct storages)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CPU's attention saves its own copies")
+def test_concat_keeps_memory_linear_in_depth_on_cuda():
+    """On CUDA the kernel saves the factors' views: twice the layers, about twice the saved
+    bytes (concatenating afresh at every layer would keep N²/2 head widths: 3.6x from 4 to 8)."""
+
+    def saved(layers):
+        modules = [
+            ResidualMultiheadAttention(64, 1, self_attention=True, kernel="concat", path_layers=layers).cuda()
+            for _ in range(layers)
+        ]
+        x = torch.randn(64, 8, 64, device="cuda", requires_grad=True)
+        return saved_bytes(lambda: run_path(modules, x))
+
+    assert saved(8) / saved(4) < 2.3

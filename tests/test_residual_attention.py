@@ -134,7 +134,7 @@ def test_hands_on_the_unmasked_sum_out_of_place(running_mean):
     prev_before = prev.clone()
     kpm, mask = padding([5, 3, 4], T, left=False), future_mask(T)
     depth = 3
-    _, weights, (scores, _) = ours(
+    _, weights, (scores, *_) = ours(
         x, x, x, key_padding_mask=kpm, attn_mask=mask, carried=Carried(prev), need_head_weights=True, depth=depth
     )
 
@@ -158,7 +158,7 @@ def test_carried_scores_are_not_aliased_by_the_next_layer():
     x, kpm, mask = torch.randn(T, B, EMBED), padding([5, 3, 4], T, left=False), future_mask(T)
     for running_mean in (False, True):
         second.running_mean = running_mean
-        _, _, (s1, _) = first(x, x, x, key_padding_mask=kpm, attn_mask=mask)
+        _, _, (s1, *_) = first(x, x, x, key_padding_mask=kpm, attn_mask=mask)
         s1_before = s1.clone()
         second(x, x, x, key_padding_mask=kpm, attn_mask=mask, carried=Carried(s1), depth=2)
         assert torch.equal(s1, s1_before)
@@ -171,12 +171,12 @@ def test_float16_carry_is_float32_and_does_not_overflow():
     # a carried sum already beyond float16's range (65504)
     prev = torch.full((B * HEADS, T, T), 70000.0)
     try:
-        out, _, (scores, _) = ours(x, x, x, carried=Carried(prev), depth=2)
+        out, _, (scores, *_) = ours(x, x, x, carried=Carried(prev), depth=2)
     except RuntimeError as e:  # pragma: no cover - CPU builds without float16 GEMM
         pytest.skip(f"float16 matmul unavailable on this CPU build: {e}")
     assert scores.dtype == torch.float32 and out.dtype == torch.float16
     assert torch.isfinite(scores).all() and torch.isfinite(out).all()
-    _, _, (first, _) = ours(x, x, x)
+    _, _, (first, *_) = ours(x, x, x)
     assert first.dtype == torch.float32, "the first layer must start the carry in float32"
 
 
@@ -186,8 +186,8 @@ def test_bfloat16_carry_is_float32():
     _, ours = pair(self_attention=True)
     ours = ours.to(torch.bfloat16)
     x = torch.randn(T, B, EMBED, dtype=torch.bfloat16)
-    out1, _, (s1, _) = ours(x, x, x)
-    out2, _, (s2, _) = ours(x, x, x, carried=Carried(s1), depth=2)
+    out1, _, (s1, *_) = ours(x, x, x)
+    out2, _, (s2, *_) = ours(x, x, x, carried=Carried(s1), depth=2)
     assert s1.dtype == s2.dtype == torch.float32 and out1.dtype == out2.dtype == torch.bfloat16
 
 
@@ -207,7 +207,7 @@ def test_half_precision_gradients_match_float32(dtype, running_mean):
     grads = []
     for module, inputs in ((reference, x), (half, x.to(dtype))):
         try:
-            out, _, (scores, _) = module(
+            out, _, (scores, *_) = module(
                 inputs,
                 inputs,
                 inputs,
@@ -302,7 +302,7 @@ def test_training_projects_with_one_gemm_and_computes_what_separate_projections_
         x.grad = enc.grad = None
         ours._projects_together = lambda: together  # the instance attribute shadows the method
         assert [name for name, _ in ours.named_parameters()] == [n for n, _ in pair(**kwargs)[1].named_parameters()]
-        out, _, (scores, _) = ours(x, enc, enc, key_padding_mask=kpm, carried=Carried(prev), depth=2)
+        out, _, (scores, *_) = ours(x, enc, enc, key_padding_mask=kpm, carried=Carried(prev), depth=2)
         (out.square().sum() + scores.sin().sum()).backward()
         results.append([out, scores, x.grad, enc.grad, *(p.grad for p in ours.parameters())])
     for together, separate in zip(*results):

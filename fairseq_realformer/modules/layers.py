@@ -118,6 +118,7 @@ class _Backbone:
             value_mix=value_mix,
             value_gate=value_mix == "learned" and self.index > 0,  # layer 1's values are V_1 itself
             kernel=options.kernel,
+            path_layers=getattr(cfg, self.side).layers,  # this stack's: every path lies in one stack
             **kwargs,
         )
 

@@ -33,19 +33,23 @@ the first layer of the path that runs in this pass. V_1 is carried in float32 wh
 computes in half precision (float16 or bfloat16, also under ``--bf16``'s autocast), as the scores
 are.
 
-Two implementations compute the same thing (``--residual-attention-kernel``). The *eager* chain
+Three implementations compute the same thing (``--residual-attention-kernel``). The *eager* chain
 forms ``S_n``, masks and divides it, and runs softmax, dropout and the value product as separate
-kernels: the reference, and what answers ``need_weights`` (the analysis tool's capture). The
-*fused* one is one ``scaled_dot_product_attention`` call, through the exact identity
+kernels: the reference, and what answers ``need_weights`` (the analysis tool's capture) and runs
+decoding steps under every kernel but fused. The *fused* one is one
+``scaled_dot_product_attention`` call, through the exact identity
 
     softmax(S_n / n + mask) = softmax(Q Kᵀ · 1/(n√d) + (S_{n-1} / n + mask))
 
 that is, this layer's own product at scale 1/(n√d) (1/√d for the sum) plus an additive bias
 ``S_{n-1}/n + mask``, which PyTorch's memory-efficient kernel takes with its gradient; ``S_n`` to
-hand on is one ``baddbmm``. Dropout runs inside the kernel (the same distribution as the eager
-dropout, not the same mask). ``auto``, the default, is eager: on an H100 the fused layer launched
-more CUDA kernels than the eager one and trained no faster (benchmarks/RESULTS.md, "Fused residual
-attention"), so it stays opt-in (``fused``) until a measurement says otherwise.
+hand on is one ``baddbmm``. *concat* is one call too, with no carried bias: ``S_n`` is itself one
+product, [Q_1‖…‖Q_n] [K_1‖…‖K_n]ᵀ/√d, so the layer attends with its path's queries and keys so far
+side by side (``score_factors``), and hands those on instead of ``S_n``. Dropout runs inside the
+kernel in both (the same distribution as the eager dropout, not the same mask). ``auto``, the
+default, is eager: on an H100 the fused layer launched more CUDA kernels than the eager one and
+trained no faster (benchmarks/RESULTS.md, "Fused residual attention"); concat has not run on a GPU
+yet. Both stay opt-in until a measurement says otherwise.
 
 A layer calls one of two modules per attention sublayer, the same way:
 ``ResidualMultiheadAttention`` where its path carries scores or values, ``PlainMultiheadAttention``
@@ -62,16 +66,19 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import RealformerConfigError
+from . import score_factors
+from .score_factors import ScoreFactors
 
 # Attention computing in these dtypes carries S_n and V_1 in float32: a deep running sum can overflow
 # float16's 65504, and bfloat16's 8-bit mantissa doubles the error of S_18 against float32
 # (tests/test_bf16.py).
 HALF = (torch.float16, torch.bfloat16)
 
-KERNELS = ("auto", "fused", "eager")  # --residual-attention-kernel
-# On CUDA the fused call is pinned to the memory-efficient kernel, the one that takes an additive
-# bias and returns its gradient (flash takes no bias; cuDNN's bias gradient is not guaranteed);
-# PyTorch falls back to its math path (with a warning that says why) only where that one refuses.
+KERNELS = ("auto", "fused", "concat", "eager")  # --residual-attention-kernel
+# On CUDA the fused calls are pinned to the memory-efficient kernel, the one that takes an additive
+# bias and returns its gradient (fused; flash takes no bias, cuDNN's bias gradient is not
+# guaranteed) and queries and keys wider than the values (concat; flash and cuDNN take equal widths
+# only); PyTorch falls back to its math path (with a warning that says why) only where it refuses.
 _CUDA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -111,6 +118,7 @@ class Carried(NamedTuple):
 
     scores: Optional[Tensor] = None  # S_n: the unmasked, undivided running sum of scores
     values: Optional[Tensor] = None  # V_1: the path's first layer's values (value residual)
+    factors: Optional[ScoreFactors] = None  # S_n as [Q_1‖…‖Q_n] [K_1‖…‖K_n]ᵀ/√d (kernel concat), instead of scores
 
 
 class Attended(NamedTuple):
@@ -219,8 +227,13 @@ class ResidualMultiheadAttention(MultiheadAttention):
     Args:
         residual_scores: carry the scores (RealFormer); else this layer's scores stay its own.
         running_mean: softmax over ``S_n / n`` instead of ``S_n`` (the paper's choice for NMT).
-        kernel: "fused" (one ``scaled_dot_product_attention`` call), "eager" (the score chain op
-            by op) or "auto" (eager, see above); eager whenever the probabilities are asked for.
+        kernel: "fused" (one ``scaled_dot_product_attention`` call, the carried scores its bias),
+            "concat" (one call over the concatenated queries and keys, ``score_factors``), "eager"
+            (the score chain op by op) or "auto" (eager, see above). The probabilities, when asked
+            for, come from the eager chain (over the factors' product under concat). Decoding
+            with a cache and beamable cross-attention run concat's layers eagerly (on an H100 the
+            eager chain decoded faster than fused).
+        path_layers: the attention layers on this module's path (concat's buffers), if known.
         value_mix: "half" or "learned" on a value-residual path, else None.
         value_gate: build λ's w and b (``learned``, layers n ≥ 2).
         Other arguments as for fairseq's ``MultiheadAttention``.
@@ -236,6 +249,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         value_mix: Optional[str] = None,
         value_gate: bool = False,
         kernel: str = "auto",
+        path_layers: Optional[int] = None,
         **kwargs,
     ):
         for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):
@@ -248,6 +262,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         if kernel not in KERNELS:
             raise RealformerConfigError(f"--residual-attention-kernel {kernel}: choose from {', '.join(KERNELS)}")
         self.kernel = kernel
+        self.path_layers = path_layers
         # λ = sigmoid(x·w + b) per head; zeros (no random draw), so λ starts at ½
         self.value_gate = ValueGate(embed_dim, num_heads) if value_gate else None
 
@@ -299,7 +314,12 @@ class ResidualMultiheadAttention(MultiheadAttention):
 
         prev_scores = carried.scores if self.residual_scores else None
         need_probs = need_weights or need_head_weights
-        if need_probs or not self._fused():
+        scores = factors = None
+        if self._concatenates(q, k, saved_state, prev_scores):
+            attn, probs, factors = self._attend_concat(
+                q, k, v, carried.factors, depth, attn_mask, key_padding_mask, kv_bsz, need_probs
+            )
+        elif need_probs or not self._fused():
             attn, probs, scores = self._attend(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
         else:
             attn, scores = self._attend_fused(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
@@ -307,11 +327,17 @@ class ResidualMultiheadAttention(MultiheadAttention):
 
         attn = self.out_proj(_merge_heads(attn, tgt_len, bsz, embed_dim))
         weights = _weights(probs, bsz, self.num_heads, need_head_weights) if need_probs else None
-        return Attended(attn, weights, Carried(scores if self.residual_scores else None, first_values))
+        return Attended(attn, weights, Carried(scores if self.residual_scores else None, first_values, factors))
 
     def _fused(self) -> bool:
         """Whether this module takes the fused kernel (``kernel``; auto: not yet, see above)."""
         return self.kernel == "fused"
+
+    def _concatenates(self, q: Tensor, k: Tensor, saved_state, prev_scores: Optional[Tensor]) -> bool:
+        """kernel concat, where every layer of the path can take it in this pass: no cache (decoding
+        steps carry the scores' rows, eagerly), every query its own keys (not beamable), and no
+        scores carried in. Elsewhere concat's layers run the eager chain."""
+        return self.kernel == "concat" and saved_state is None and q.size(0) == k.size(0) and prev_scores is None
 
     # --- value residual: before the cache (self-attention), after it (cross-attention) ------------
 
@@ -405,6 +431,32 @@ class ResidualMultiheadAttention(MultiheadAttention):
             return out, None
         return out, _carried_dtype(self._scores(q, k, prev_scores, kv_bsz))
 
+    def _attend_concat(self, q, k, v, factors, depth, attn_mask, key_padding_mask, kv_bsz, need_probs):
+        """The same as ``_attend`` as one ``scaled_dot_product_attention`` call over S_n's factors
+        [Q_1‖…‖Q_n] and [K_1‖…‖K_n] (``score_factors``: this layer appends its q and k to
+        *factors*, layer n − 1's; off a score path, its own q and k). Returns (the weighted sum
+        of the values, this layer's probabilities when *need_probs*, else None, and the factors
+        to hand on, None off a score path). Asked for the probabilities, the eager chain runs
+        over the factors: their product is S_n."""
+        if self.residual_scores:
+            factors = score_factors.append(factors, q, k, self.path_layers)
+            queries, keys = factors.per_head(factors.queries), factors.per_head(factors.keys)
+            bias = factors.buffers.mask(attn_mask, key_padding_mask, kv_bsz, q.size(1), k.size(1), q.dtype)
+        else:
+            queries, keys, factors = q, k, None
+            bias = score_factors.additive_mask(attn_mask, key_padding_mask, kv_bsz, q.size(1), k.size(1), q.dtype)
+        if need_probs:
+            attn, probs, _ = self._attend(queries, keys, v, None, depth, attn_mask, key_padding_mask, kv_bsz)
+            return attn, probs, factors
+        divisor = depth if self.running_mean and depth > 1 else 1
+        out = _sdpa(
+            *(t.view(kv_bsz, self.num_heads, t.size(1), t.size(2)) for t in (queries, keys, v)),  # views
+            bias,
+            dropout_p=self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0,
+            scale=self.scaling / divisor,
+        )
+        return out, None, factors
+
     def _scores(self, q: Tensor, k: Tensor, prev_scores: Optional[Tensor], kv_bsz: int) -> Tensor:
         """S_n = Q Kᵀ/√d + S_{n-1} (*prev_scores*: None on the path's first layer, or a layer that
         does not carry scores). The GEMM applies the 1/√d (its ``alpha``), where fairseq scales
@@ -495,8 +547,15 @@ class ResidualMultiheadAttention(MultiheadAttention):
         out = F.linear(x, weight, bias)
         # one copy to (projection, length, batch, embed_dim), as torch's packed in-projection does:
         # then every projection's heads are a view
-        out = out.view(*out.shape[:-1], len(projections), self.embed_dim).movedim(-2, 0).contiguous()
-        return [self._split_heads(t) for t in out.unbind(0)]
+        out = out.view(*out.shape[:-1], len(projections), self.embed_dim)
+        if self.kernel == "concat" and self.residual_scores:
+            # concat copies q and k into its buffers and the kernel keeps v: v in a copy of its own,
+            # so that keeping it does not keep a second copy of q and k alive (one kernel more)
+            queries_keys, values = out.split([len(projections) - 1, 1], dim=-2)  # backward: one cat
+            packed = [*queries_keys.movedim(-2, 0).contiguous().unbind(0), values.squeeze(-2).contiguous()]
+        else:
+            packed = out.movedim(-2, 0).contiguous().unbind(0)
+        return [self._split_heads(t) for t in packed]
 
     def _extend_cache(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
         """Prepend cached keys/values (decoder self-attention) or reuse them (cross-attention),
