@@ -69,7 +69,7 @@ def assert_same_translations(stdout, expected_lines):
 
 @pytest.mark.parametrize(
     "variant, kernel",
-    # concat on one checkpoint: its layers are those of fused, only the attention call differs
+    # concat on one checkpoint: generation differs from auto only in the encoder's full pass
     [(v, k) for v in sorted(EXPECTED) for k in ("auto", "fused")] + [("admin-profile", "concat")],
 )
 def test_old_checkpoint_generates_identically(work, variant, kernel):

@@ -354,16 +354,17 @@ def test_concat_attention_dropout_has_the_eager_distribution():
 
 
 def saved_bytes(fn):
-    """Bytes autograd keeps for backward while *fn* runs (distinct storages)."""
+    """Bytes autograd keeps for backward while *fn* runs (distinct storages, held till the end: a
+    freed one's address could be reused)."""
     storages = {}
 
     def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    return sum(storages.values())
+    return sum(storage.nbytes() for storage in storages.values())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CPU's attention saves its own copies")

@@ -80,6 +80,7 @@ KERNELS = ("auto", "fused", "concat", "eager")  # --residual-attention-kernel
 # guaranteed) and queries and keys wider than the values (concat; flash and cuDNN take equal widths
 # only); PyTorch falls back to its math path (with a warning that says why) only where it refuses.
 _CUDA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+MASK_ALIGNMENT = 8  # elements: the memory-efficient kernel's alignment of an additive mask (``_aligned``)
 
 
 class _SoftmaxSavedInHalf(torch.autograd.Function):
@@ -441,13 +442,16 @@ class ResidualMultiheadAttention(MultiheadAttention):
         if self.residual_scores:
             factors = score_factors.append(factors, q, k, self.path_layers)
             queries, keys = factors.per_head(factors.queries), factors.per_head(factors.keys)
-            bias = factors.buffers.mask(attn_mask, key_padding_mask, kv_bsz, q.size(1), k.size(1), q.dtype)
         else:
             queries, keys, factors = q, k, None
-            bias = score_factors.additive_mask(attn_mask, key_padding_mask, kv_bsz, q.size(1), k.size(1), q.dtype)
         if need_probs:
             attn, probs, _ = self._attend(queries, keys, v, None, depth, attn_mask, key_padding_mask, kv_bsz)
             return attn, probs, factors
+
+        def mask():  # once per path on a score path: its layers share their masks
+            return _aligned(_additive_mask(attn_mask, key_padding_mask, kv_bsz, q.dtype))
+
+        bias = factors.buffers.mask(attn_mask, key_padding_mask, mask) if factors is not None else mask()
         divisor = depth if self.running_mean and depth > 1 else 1
         out = _sdpa(
             *(t.view(kv_bsz, self.num_heads, t.size(1), t.size(2)) for t in (queries, keys, v)),  # views
@@ -610,6 +614,17 @@ def _additive_mask(attn_mask, key_padding_mask, kv_bsz: int, dtype) -> Optional[
     if attn_mask is not None:
         bias = attn_mask if bias is None else bias + attn_mask
     return bias if bias is None else bias.to(dtype)
+
+
+def _aligned(bias: Optional[Tensor]) -> Optional[Tensor]:
+    """*bias* in memory whose strides (all but the last) are multiples of ``MASK_ALIGNMENT``
+    elements, as the memory-efficient kernel takes it: given any other, that kernel pads a copy at
+    every call (PyTorch's ``preprocess_mask``). One copy here, for a mask the path's layers share."""
+    if bias is None or all(stride % MASK_ALIGNMENT == 0 for stride in bias.stride()[:-1]):
+        return bias
+    keys = bias.size(-1)
+    padded = bias.new_empty(*bias.shape[:-1], -(-keys // MASK_ALIGNMENT) * MASK_ALIGNMENT)[..., :keys]
+    return padded.copy_(bias)
 
 
 def _fold_beam(t: Tensor) -> Tensor:

@@ -25,15 +25,10 @@ The buffers are laid out ``(length, batch · heads, slots · head_dim)``, as the
 their outputs, so filling a slot is one coalesced copy; the kernel reads the heads as views.
 """
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
-
-# The memory-efficient kernel copies an additive mask whose strides (all but the last) are not
-# multiples of 8 elements into a padded one, at every call (PyTorch's preprocess_mask): a path's
-# mask is built once, already padded.
-MASK_ALIGNMENT = 8
 
 
 class _Buffers:
@@ -67,12 +62,11 @@ class _Buffers:
         other._keys[..., :width].copy_(self._keys[..., :width])
         return other
 
-    def mask(self, attn_mask, key_padding_mask, kv_bsz: int, rows: int, keys: int, dtype) -> Optional[Tensor]:
-        """The layer's masks as one additive bias (``additive_mask``), built once for the masks the
-        path's layers share."""
+    def mask(self, attn_mask, key_padding_mask, build: Callable[[], Optional[Tensor]]) -> Optional[Tensor]:
+        """The layer's masks as the bias *build* makes of them, built once for the masks the path's
+        layers share."""
         if self._mask_for is None or self._mask_for[0] is not attn_mask or self._mask_for[1] is not key_padding_mask:
-            self._mask_for = (attn_mask, key_padding_mask)
-            self._mask = additive_mask(attn_mask, key_padding_mask, kv_bsz, rows, keys, dtype)
+            self._mask_for, self._mask = (attn_mask, key_padding_mask), build()
         return self._mask
 
 
@@ -128,30 +122,3 @@ def append(factors: Optional[ScoreFactors], q: Tensor, k: Tensor, slots: Optiona
             buffers = buffers.resized(layers, max(buffers.slots, 2 * layers))
     queries, keys = _Append.apply(q, k, prev_queries, prev_keys, buffers)
     return ScoreFactors(queries, keys, buffers)
-
-
-def additive_mask(attn_mask, key_padding_mask, kv_bsz: int, rows: int, keys: int, dtype) -> Optional[Tensor]:
-    """*attn_mask* (added) and *key_padding_mask* (``-inf`` at padded keys) as one additive bias
-    ``(batch, 1, rows or 1, keys)`` in *dtype*, in memory padded to ``MASK_ALIGNMENT`` keys (the
-    memory-efficient kernel takes it as it is); None without masks."""
-    if attn_mask is None and key_padding_mask is None:
-        return None
-    padded = -(-keys // MASK_ALIGNMENT) * MASK_ALIGNMENT
-    bias = torch.zeros(
-        kv_bsz,
-        1,
-        rows if attn_mask is not None else 1,
-        padded,
-        dtype=dtype,
-        device=_device(attn_mask, key_padding_mask),
-    )
-    bias = bias[..., :keys]
-    if attn_mask is not None:
-        bias.add_(attn_mask)
-    if key_padding_mask is not None:
-        bias.masked_fill_(key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, keys), float("-inf"))
-    return bias
-
-
-def _device(*tensors) -> torch.device:
-    return next(t.device for t in tensors if t is not None)
