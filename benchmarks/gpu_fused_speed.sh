@@ -5,8 +5,9 @@
 #      through the memory-efficient kernel; concat's saved memory linear in depth);
 #   2. benchmarks/speed.py in bf16 (~4k and ~16k target tokens a batch) and fp16 (~4k), 6L-6L and
 #      18L-18L, lengths 30 and 100: fairseq, post-ln, admin, realformer eager and realformer concat
-#      with the CUDA kernels of a training step and the SDPA backend that ran (--profile). fused was
-#      timed on the first run (benchmarks/RESULTS.md) and is left out for time.
+#      with the CUDA kernels of a training step, the SDPA backend that ran, and how much of a step the
+#      GPU was busy (--profile: under 100 %, the step waits on the host). fused was timed on the first
+#      run (benchmarks/RESULTS.md) and is left out for time.
 # Each speed run writes its JSON after every cell and stops at its share of the time, so a run cut
 # short keeps what it measured. The carried wheels (.whl, e.g. ve-fairseq for the device's
 # Python) are installed first when fairseq is missing.

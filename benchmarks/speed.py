@@ -33,7 +33,9 @@ attention that way (``--residual-attention-kernel``; the plain name is ``auto``,
 ``--variants fairseq,realformer+eager,realformer+concat``. ``--tokens-per-batch 4096,16384`` times
 training at each batch size (generation, whose batch is ``--gen-sentences``, at the first only).
 ``--profile`` also records, per cell and variant, the CUDA kernels of one training step
-(torch.profiler) and the attention kernels among them, which name the SDPA backend that ran.
+(torch.profiler) and the attention kernels among them, which name the SDPA backend that ran; and
+the device's busy time in that step, against the timed step's length: a step the GPU is busy for
+only part of waits on the host, and fewer kernels (or less Python) are what make it faster.
 """
 
 import argparse
@@ -298,6 +300,7 @@ def measure_speed(args, size, length, generation=True):
             bench.generate()
     kernels = {v: cuda_kernels_of_a_training_step(bench) for v, bench in benches.items()} if args.profile else {}
     train, gen = {v: [] for v in benches}, {v: [] for v in benches}
+    tokens = {v: bench.tokens for v, bench in benches.items()}
     for _ in range(args.repeats):
         for v, bench in benches.items():
             train[v].append(bench.tokens * args.steps / timed(lambda: bench.train_steps(args.steps)))
@@ -316,6 +319,7 @@ def measure_speed(args, size, length, generation=True):
     return {
         v: {
             "train_tokens_per_s": statistics.median(train[v]),
+            "train_step_ms": 1e3 * tokens[v] / statistics.median(train[v]),
             "train_spread": spread(train[v]),
             "train_ratio_paired": paired(train, v),
             **(
@@ -341,29 +345,46 @@ ATTENTION_KERNELS = {
 }
 
 
+def busy_us(spans):
+    """How long the device was busy over (start, end) spans in µs: their union, so that kernels
+    overlapping on two streams count once."""
+    busy, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reached:
+            busy += end - max(start, reached)
+            reached = end
+    return busy
+
+
 def cuda_kernels_of_a_training_step(bench):
     """CUDA kernels launched by one training step of *bench* (torch.profiler): how many in all,
-    the ten most frequent names, the attention kernels by SDPA backend, and the 40 most frequent
-    ATen operators of the step (to tell which ones launched the kernels)."""
+    the ten most frequent names, the attention kernels by SDPA backend, the 40 most frequent ATen
+    operators of the step (to tell which ones launched the kernels), and the device's time: how long
+    it was busy (``busy_us``; against the step's timed length it says whether the step waits on the
+    host) and how much of that the attention kernels took, by backend."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             bench.train_steps(1)
-        counts, ops = {}, {}
+        counts, ops, spans, kernel_us = {}, {}, [], {}
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 counts[event.name] = counts.get(event.name, 0) + 1
+                spans.append((event.time_range.start, event.time_range.end))
+                kernel_us[event.name] = kernel_us.get(event.name, 0.0) + event.time_range.elapsed_us()
             elif event.name.startswith("aten::"):  # which operators launched them (nested ones too)
                 ops[event.name] = ops.get(event.name, 0) + 1
     except Exception as e:  # a profiler that fails must not cost the timings of a lent GPU's run
         return {"error": f"{type(e).__name__}: {e}"}
-    backends = {}
+    backends, attention_us = {}, {}
     for name, n in counts.items():
         for backend, marks in ATTENTION_KERNELS.items():
             if any(mark in name.lower() for mark in marks):
                 backends.setdefault(backend, {})[name] = n
+                attention_us[backend] = attention_us.get(backend, 0.0) + kernel_us[name]
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:10]
+    top_time = sorted(kernel_us.items(), key=lambda kv: -kv[1])[:10]
     top_ops = sorted(ops.items(), key=lambda kv: -kv[1])[:40]
     return {
         "total": sum(counts.values()),
@@ -371,6 +392,9 @@ def cuda_kernels_of_a_training_step(bench):
         "attention": backends,
         "top": dict(top),
         "aten_ops": dict(top_ops),
+        "busy_us": busy_us(spans),
+        "attention_us": attention_us,
+        "top_by_time_us": dict(top_time),
     }
 
 
@@ -477,6 +501,20 @@ def paired(run):
     return f"{run['train_ratio_paired']:.3f} / " + ("—" if gen is None else f"{gen:.3f}")
 
 
+def busy_share(run):
+    kernels = run.get("cuda_kernels") or {}
+    if not kernels.get("busy_us") or not run.get("train_step_ms"):
+        return "—"
+    return f"{kernels['busy_us'] / 1e3 / run['train_step_ms']:.0%}"
+
+
+def attention_ms(run):
+    by_backend = (run.get("cuda_kernels") or {}).get("attention_us")
+    if not by_backend:
+        return "—"
+    return ", ".join(f"{backend} {us / 1e3:.2f}" for backend, us in sorted(by_backend.items()))
+
+
 def report(args, runs):
     budgets = ", ".join(map(str, args.token_budgets))
     lines = [
@@ -486,8 +524,8 @@ def report(args, runs):
         "",
         "| size | length | tokens | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
         "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |"
-        + (" CUDA kernels / step | × fairseq |" if args.profile else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.profile else ""),
+        + (" CUDA kernels / step | × fairseq | GPU busy / step | attention kernels (ms) |" if args.profile else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if args.profile else ""),
     ]
     cell = lambda r: (r["size"], r["length"], r["tokens_per_batch"])  # noqa: E731
     base = {cell(r): r for r in runs if r["variant"] == "fairseq"}
@@ -511,7 +549,7 @@ def report(args, runs):
                 if counted and base_kernels and base_kernels.get("total")
                 else "—"
             )
-            line += f" {count} | {times} |"
+            line += f" {count} | {times} | {busy_share(r)} | {attention_ms(r)} |"
         lines.append(line)
     lines += [
         "",
@@ -519,6 +557,12 @@ def report(args, runs):
         "the same repeat (the machine's slow drifts cancel). spread: (max − min) / median of the repeats. "
         "`post-ln` runs fairseq's own modules: its distance from 1.000 is the noise of this run.",
     ]
+    if args.profile:
+        lines.append(
+            "GPU busy / step: the device's busy time in one profiled training step over the timed step's "
+            "length (well under 100 %: the step waits on the host). attention kernels: their time in that "
+            "step, by SDPA backend."
+        )
     return "\n".join(lines)
 
 

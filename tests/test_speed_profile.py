@@ -1,0 +1,24 @@
+"""What the GPU run reads from its profile (benchmarks/speed.py --profile): the device's busy time
+and its share of a training step. Pure arithmetic on spans, so it is tested here without a GPU."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import speed  # noqa: E402
+
+
+def test_busy_time_is_the_union_of_kernel_spans():
+    # two streams overlapping (10-30 and 20-40), one kernel inside another (50-60 in 45-70), a gap
+    spans = [(20.0, 40.0), (10.0, 30.0), (45.0, 70.0), (50.0, 60.0), (100.0, 101.5)]
+    assert speed.busy_us(spans) == 30.0 + 25.0 + 1.5
+    assert speed.busy_us([]) == 0.0
+
+
+def test_busy_share_and_attention_time_in_the_report():
+    run = {"train_step_ms": 20.0, "cuda_kernels": {"busy_us": 5000.0, "attention_us": {"memory-efficient": 1234.0}}}
+    assert speed.busy_share(run) == "25%"
+    assert speed.attention_ms(run) == "memory-efficient 1.23"
+    # a CPU rehearsal or a failed profile has neither: the table says so instead of failing
+    assert speed.busy_share({"train_step_ms": 20.0, "cuda_kernels": {"error": "no CUDA"}}) == "—"
+    assert speed.attention_ms({"train_step_ms": 20.0}) == "—"
