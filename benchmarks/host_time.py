@@ -25,8 +25,8 @@ per-repeat (paired) ratios, which a drift of the machine cancels out of.
 
 Variants: speed.py's; a plugin variant's name with ``+eager``, ``+fused`` or ``+concat`` appended
 runs its residual attention that way. The fused paths' time here is not a GPU's: on a CPU their
-``scaled_dot_product_attention`` (with a bias, or queries wider than the values) runs PyTorch's math path, many operations that
-kernel_count.py counts as one and that a GPU runs as one kernel.
+``scaled_dot_product_attention`` (with a bias, or queries wider than the values) runs PyTorch's
+math path, many operations that kernel_count.py counts as one and that a GPU runs as one kernel.
 
     python benchmarks/host_time.py                                  # default variants, both sizes
     python benchmarks/host_time.py --sizes 6L-6L --variants fairseq,admin --repeats 21

@@ -398,10 +398,19 @@ class ResidualMultiheadAttention(MultiheadAttention):
         scores = self._scores(q, k, prev_scores, kv_bsz)  # S_n = QKᵀ/√d + S_{n-1}
         if scores.dtype in HALF:
             scores = scores.float()  # carried in float32 (HALF)
-        logits = scores / depth if self.running_mean and depth > 1 else scores  # running mean: S_n / n
+        divisor = self._divisor(depth)
+        logits = scores / divisor if divisor > 1 else scores  # running mean: S_n / n
         logits = self._mask(logits, logits is not scores, attn_mask, key_padding_mask, kv_bsz)
         probs = _softmax(logits, v.dtype)
         return self._weighted_sum(probs, v, kv_bsz), probs, scores
+
+    def _divisor(self, depth: int) -> int:
+        """n under the running mean (softmax over S_n / n), else 1."""
+        return depth if self.running_mean and depth > 1 else 1
+
+    def _dropout_p(self) -> float:
+        """The attention dropout a fused call applies inside its kernel (fairseq's rule for when)."""
+        return self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
 
     def _attend_fused(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
         """The same as ``_attend`` in one ``scaled_dot_product_attention`` call (the module's
@@ -410,7 +419,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         ``(batch, length, heads, value_dim)``: ``_merge_heads`` copies it once), and ``S_n`` to hand
         on or None off a score path)."""
         heads, rows = self.num_heads, q.size(1)
-        divisor = depth if self.running_mean and depth > 1 else 1
+        divisor = self._divisor(depth)
         bias = _additive_mask(attn_mask, key_padding_mask, kv_bsz, q.dtype)
         if prev_scores is not None:  # S_{n-1} / n + mask
             prev = prev_scores.view(kv_bsz, -1, heads, rows, prev_scores.size(-1))
@@ -424,7 +433,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
             k.view(kv_bsz, heads, -1, k.size(-1)),
             v.view(kv_bsz, heads, -1, v.size(-1)),
             bias,
-            dropout_p=self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0,
+            dropout_p=self._dropout_p(),
             scale=self.scaling / divisor,
         )
         out = _unfold_beam(out, q.size(0) // (kv_bsz * heads), rows)
@@ -452,11 +461,11 @@ class ResidualMultiheadAttention(MultiheadAttention):
             return _aligned(_additive_mask(attn_mask, key_padding_mask, kv_bsz, q.dtype))
 
         bias = factors.buffers.mask(attn_mask, key_padding_mask, mask) if factors is not None else mask()
-        divisor = depth if self.running_mean and depth > 1 else 1
+        divisor = self._divisor(depth)
         out = _sdpa(
             *(t.view(kv_bsz, self.num_heads, t.size(1), t.size(2)) for t in (queries, keys, v)),  # views
             bias,
-            dropout_p=self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0,
+            dropout_p=self._dropout_p(),
             scale=self.scaling / divisor,
         )
         return out, None, factors
