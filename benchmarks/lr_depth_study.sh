@@ -8,7 +8,9 @@
 #      best 12+12 rate on validation BLEU;
 #   3. the post-ln-realformer rows of the 18+18 depth-stability tables (lr 3e-3 and 6e-3), added to
 #      the committed tables with post-ln re-run as the control;
-#   4. the paper's depth: admin and realformer at 18+18 layers, lr 2e-3, seed 1, with the dropout gap.
+#   4. the paper's depth: admin and realformer at 18+18 layers, lr 1e-3 and 2e-3, seed 1, with the
+#      dropout gap; then seeds 2 and 3 of each at its best 18+18 rate on validation BLEU (the 2e-3
+#      runs of seed 1, committed first as a study of their own, count as this sweep's).
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 #
 #   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4]
@@ -63,8 +65,8 @@ done; fi
 
 if stage 4; then
 say "4/4 the paper's depth: admin and realformer at 18+18 layers in $out/depth-18"
-nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --lr 2e-3 \
-  --seeds 1 --variants admin,realformer --jobs "$jobs" --dropout-gap --out "$out/depth-18" \
+nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --lr 1e-3,2e-3 \
+  --seeds 1 --best-seeds 2,3 --variants admin,realformer --jobs "$jobs" --dropout-gap --out "$out/depth-18" \
   --machine "$machine" --json "$results/cpu-quality-depth-18-multi30k-en-de$tag.json"
 fi
 say "done"

@@ -521,17 +521,22 @@ def run_folder(args, config, seed):
 
 def recorded_runs(args):
     """The finished runs the --json file already holds, with their committed translations: a
-    study goes on in a fresh checkout (no run folders) without training them again. Only a file
-    made with the same settings counts."""
+    study goes on in a fresh checkout (no run folders) without training them again. Only runs
+    trained with the same settings count, each under this study's label for its variant and rate:
+    a sweep takes the runs of a single-rate study of the same settings as its own at that rate."""
     path = Path(args.json) if args.json else None
     if path is None or not path.exists():
         return {}
     study = json.loads(path.read_text())
-    defining = ("preset", "epochs", "layers", "lr", "warmup", "bf16")  # what the runs were trained with
+    defining = ("preset", "epochs", "layers", "warmup", "bf16")  # what the runs were trained with, but the rate
     if any(study.get("settings", {}).get(key) != settings(args).get(key) for key in defining):
         return {}
+    labels = {(config.variant, config.lr): config.label for config in args.configs}
     recorded = {}
     for run in study["runs"]:
+        label = labels.get((run["variant"], run["lr"]))
+        if label is None:  # a rate or variant this study does not train
+            continue
         for name, score in quality_report.scored_sets(run).items():  # what comparisons() reads: the committed copies
             score["hypotheses"] = str(REPO / score["translations"])
             reference = Path(args.data) / f"{name}.{args.target_lang}.gz"
@@ -541,7 +546,7 @@ def recorded_runs(args):
                 args.out.mkdir(parents=True, exist_ok=True)
                 reference.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
             score["reference"] = str(reference)
-        recorded[run["label"], run["seed"]] = run
+        recorded[label, run["seed"]] = {**run, "label": label}
     return recorded
 
 

@@ -356,3 +356,32 @@ def test_fairseq_log_reads_its_stats_lines_in_both_log_formats():
         assert (valid["loss"], valid["num_updates"], valid["epoch"]) == (7.9, 264, 2)
     assert log.parse("2026-11-24 | INFO | fairseq.trainer | Saved checkpoint") is None
     assert list(log.records(simple, "valid")) == [log.parse(simple[2])]
+
+
+def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_path):
+    """The committed 18+18 study trained seed 1 at 2e-3 alone; a sweep over 1e-3,2e-3 with the same
+    settings counts those runs as its 2e-3 runs (under its labels) and trains only the rest. A
+    study of other settings (another depth) gives nothing."""
+    quality = _load("quality")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    translations = tmp_path / "hyp.de.gz"
+    translations.touch()
+    single = ["--data", str(data), "--preset", "cpu", "--layers", "18", "--variants", "admin,realformer"]
+    runs = [
+        {"variant": v, "lr": 0.002, "label": v, "seed": 1, "test_sets": {"t": {"translations": str(translations)}}}
+        for v in ("admin", "realformer")
+    ]
+    study = tmp_path / "study.json"
+    study.write_text(
+        json.dumps({"settings": quality.settings(quality.parse_args([*single, "--lr", "2e-3"])), "runs": runs})
+    )
+    sweep = quality.parse_args([*single, "--lr", "1e-3,2e-3", "--best-seeds", "2,3", "--json", str(study)])
+    recorded = quality.recorded_runs(sweep)
+    assert sorted(recorded) == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
+    assert recorded["admin lr=0.002", 1]["label"] == "admin lr=0.002"
+    other_depth = quality.parse_args(
+        [*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)]
+    )
+    assert quality.recorded_runs(other_depth) == {}
