@@ -28,10 +28,14 @@ Precision on a GPU (``--dtype``) is what fairseq-train does with the plugin load
     python benchmarks/speed.py --quick --variants fairseq,realformer,realformer-value-residual,resi-dual,resi-dual-realformer
     python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU (and --dtype fp16)
 
-A plugin variant's name with ``+eager``, ``+fused`` or ``+concat`` appended runs its residual
-attention that way (``--residual-attention-kernel``; the plain name is ``auto``, eager today), e.g.
-``--variants fairseq,realformer+eager,realformer+concat``. ``--tokens-per-batch 4096,16384`` times
-training at each batch size (generation, whose batch is ``--gen-sentences``, at the first only).
+A variant's name with ``+compiled`` appended trains with compiled layers: a plugin variant with
+``--compile-layers`` (fairseq_realformer/modules/compiled.py), ``fairseq+compiled`` with fairseq's
+own layers compiled by hand (``nn.Module.compile``, what a user of fairseq could do), e.g.
+``--variants fairseq,fairseq+compiled,realformer,realformer+compiled``. Their first training
+step, which compiles, is timed apart (``warmup_s``, and ``compile_s``: the compiler's own time); their
+decoding runs eager, so it is not timed again. ``--tokens-per-batch 4096,16384`` times
+training at each batch size (generation, whose batch is ``--gen-sentences``, at the first only;
+``--gen-sentences 0``: none).
 ``--profile`` also records, per cell and variant, the CUDA kernels of one training step
 (torch.profiler) and the attention kernels among them, which name the SDPA backend that ran; and
 the device's busy time in that step, against the timed step's length: a step the GPU is busy for
@@ -63,18 +67,15 @@ VARIANTS = {
     **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()},
 }
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
-# a plugin variant run with --residual-attention-kernel eager / fused / concat
-KERNEL_SUFFIXES = ("+eager", "+fused", "+concat")
+COMPILED = "+compiled"  # a variant's suffix: its layers compiled
 
 
 def variant_flags(name):
-    """The flags of *name*: a VARIANTS entry, or a plugin variant + a ``KERNEL_SUFFIXES`` entry
-    (KeyError for anything else)."""
-    for suffix in KERNEL_SUFFIXES:
-        base = name[: -len(suffix)]
-        if name.endswith(suffix) and base in PLUGIN_VARIANTS:
-            return [*VARIANTS[base], "--residual-attention-kernel", suffix[1:]]
-    return VARIANTS[name]
+    """The flags of *name*: a VARIANTS entry, or one + ``COMPILED`` (KeyError for anything else)."""
+    base = name[: -len(COMPILED)] if name.endswith(COMPILED) else name
+    if base != name and base in PLUGIN_VARIANTS:
+        return [*VARIANTS[base], "--compile-layers"]
+    return VARIANTS[base]  # fairseq+compiled: compiled by hand in ``build``
 
 
 SIZES = {"6L-6L": 6, "18L-18L": 18}
@@ -138,8 +139,7 @@ def parse_args(argv=None):
     unknown = [v for v in args.variants if not _known_variant(v)]
     if unknown:
         p.error(
-            f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)} "
-            f"(a plugin variant may end in {' or '.join(KERNEL_SUFFIXES)})"
+            f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)} (any may end in {COMPILED})"
         )
     if args.dtype != "fp32" and not gpu:
         p.error("--dtype fp16/bf16 needs a GPU (--device cuda)")
@@ -149,7 +149,8 @@ def parse_args(argv=None):
     except ValueError:
         p.error(f"--tokens-per-batch {args.tokens_per_batch}: expected a number or a comma list, e.g. 4096,16384")
     args.tokens_per_batch = args.token_budgets[0]
-    args.gen_sentences = args.gen_sentences or (64 if gpu else 4 if args.quick else 8)
+    if args.gen_sentences is None:
+        args.gen_sentences = 64 if gpu else 4 if args.quick else 8
     args.steps = args.steps or (10 if gpu else 2 if args.quick else 3)
     args.repeats = args.repeats or (3 if args.quick else 5)
     return args
@@ -195,6 +196,12 @@ def build(variant, layers, device, dtype, extra_flags=(), vocab=VOCAB):
     model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task).to(device)
     if dtype != torch.float32:
         model = model.to(dtype)
+    if variant == "fairseq" + COMPILED:  # by hand, as a fairseq user could: every layer, every call
+        from fairseq_realformer.modules import compiled
+
+        compiled.COMPILE_TIME.watch()
+        for layer in [*model.encoder.layers, *model.decoder.layers]:
+            layer.compile(dynamic=True)
     return model, dictionary
 
 
@@ -239,7 +246,7 @@ class Bench:
             else contextlib.nullcontext
         )
         self.tokens = self.sample["target"].numel()
-        self.gen_sample = batch(self.dictionary, args.gen_sentences, length, args.device, seed=1)
+        self.gen_sample = batch(self.dictionary, max(1, args.gen_sentences), length, args.device, seed=1)
         self.generator = SequenceGenerator(
             [self.model], self.dictionary, beam_size=4, max_len_a=0, max_len_b=length, min_len=length
         )
@@ -292,19 +299,27 @@ def timed(fn):
 
 def measure_speed(args, size, length, generation=True):
     """Interleaved repeats over variants; medians of training tokens/s and (with *generation*)
-    generation sents/s; with --profile, each variant's CUDA kernels in one training step."""
+    generation sents/s; with --profile, each variant's CUDA kernels in one training step. The
+    first training step of each variant (a compiled one compiles in it) is timed apart."""
+    from fairseq_realformer.modules.compiled import COMPILE_TIME
+
     benches = {v: Bench(v, SIZES[size], length, args) for v in args.variants}
-    for bench in benches.values():  # warm-up: allocator, kernels, lazy initialisation
-        bench.train_steps(1)
-        if generation:
+    generates = {v for v in benches if generation and args.gen_sentences > 0 and not v.endswith(COMPILED)}
+    warmup, compiling = {}, {}
+    for v, bench in benches.items():  # warm-up: allocator, kernels, lazy initialisation, compiling
+        before = COMPILE_TIME.seconds
+        warmup[v] = timed(lambda: bench.train_steps(1))
+        compiling[v] = COMPILE_TIME.seconds - before
+        bench.train_steps(1)  # a second step: a compiled step's backward may compile lazily
+        if v in generates:
             bench.generate()
     kernels = {v: cuda_kernels_of_a_training_step(bench) for v, bench in benches.items()} if args.profile else {}
-    train, gen = {v: [] for v in benches}, {v: [] for v in benches}
+    train, gen = {v: [] for v in benches}, {v: [] for v in generates}
     tokens = {v: bench.tokens for v, bench in benches.items()}
     for _ in range(args.repeats):
         for v, bench in benches.items():
             train[v].append(bench.tokens * args.steps / timed(lambda: bench.train_steps(args.steps)))
-            if generation:
+            if v in generates:
                 gen[v].append(args.gen_sentences / timed(bench.generate))
     del benches
 
@@ -312,7 +327,7 @@ def measure_speed(args, size, length, generation=True):
         return (max(xs) - min(xs)) / statistics.median(xs)
 
     def paired(series, v):  # median of the per-repeat ratios: a slow drift of the machine cancels out
-        if "fairseq" not in series:
+        if "fairseq" not in series or v not in series:
             return None
         return statistics.median(x / b for x, b in zip(series[v], series["fairseq"]))
 
@@ -322,13 +337,15 @@ def measure_speed(args, size, length, generation=True):
             "train_step_ms": 1e3 * tokens[v] / statistics.median(train[v]),
             "train_spread": spread(train[v]),
             "train_ratio_paired": paired(train, v),
+            "warmup_s": warmup[v],
+            "compile_s": compiling[v],
             **(
                 {
                     "gen_sents_per_s": statistics.median(gen[v]),
                     "gen_spread": spread(gen[v]),
                     "gen_ratio_paired": paired(gen, v),
                 }
-                if generation
+                if v in gen
                 else {}
             ),
             **({"cuda_kernels": kernels[v]} if v in kernels else {}),
@@ -557,6 +574,12 @@ def report(args, runs):
         "the same repeat (the machine's slow drifts cancel). spread: (max − min) / median of the repeats. "
         "`post-ln` runs fairseq's own modules: its distance from 1.000 is the noise of this run.",
     ]
+    for r in runs:
+        if r["variant"].endswith(COMPILED):
+            lines.append(
+                f"{r['variant']} at {r['size']}, {r['length']}, {r['tokens_per_batch']}: first training step "
+                f"{r['warmup_s']:.1f} s, of which compiling {r['compile_s']:.1f} s (not in the timed steps)"
+            )
     if args.profile:
         lines.append(
             "GPU busy / step: the device's busy time in one profiled training step over the timed step's "
@@ -568,6 +591,9 @@ def report(args, runs):
 
 def main():
     args = parse_args()
+    # several variants and cells in one process keep their graphs side by side on each layer
+    # class's compiled forward (fairseq_realformer/modules/compiled.py): more than one run needs
+    torch._dynamo.config.recompile_limit = 64
     for probe, measure in ((args.memory_probe, peak_memory_probe), (args.saved_probe, saved_for_backward_bytes)):
         if probe:
             variant, size, length = probe
@@ -600,32 +626,38 @@ def main():
     args.tokens_per_batch = args.token_budgets[0]
     print(report(args, runs), flush=True)
     write_json(args, runs, [])
-    saved = []
-    if args.saved_activations:
-        lines = [
-            "",
-            f"Tensors saved for backward, one training forward pass of 4096 target tokens in {args.saved_activations}:",
-            "",
-            "| size | length | variant | MiB | × fairseq |",
-            "|---|---|---|---|---|",
-        ]
-        for size in args.sizes:
-            for length in args.lengths:
-                cell = {v: in_fresh_process(args, "--saved-probe", v, size, length) for v in args.variants}
-                for v, n in cell.items():
-                    saved.append(
-                        {
-                            "variant": v,
-                            "size": size,
-                            "length": length,
-                            "dtype": args.saved_activations,
-                            "saved_for_backward_bytes": n,
-                        }
-                    )
-                    ratio = f"{n / cell['fairseq']:.3f}" if "fairseq" in cell else "—"
-                    lines.append(f"| {size} | {length} | {v} | {n / 2**20:.0f} | {ratio} |")
-        print("\n".join(lines))
+    saved = count_saved_activations(args) if args.saved_activations else []
     write_json(args, runs, saved)
+
+
+def count_saved_activations(args):
+    """--saved-activations: each variant's bytes saved for backward per cell, in a fresh process
+    each; printed as a table and returned for the JSON."""
+    lines = [
+        "",
+        f"Tensors saved for backward, one training forward pass of 4096 target tokens in {args.saved_activations}:",
+        "",
+        "| size | length | variant | MiB | × fairseq |",
+        "|---|---|---|---|---|",
+    ]
+    saved = []
+    for size in args.sizes:
+        for length in args.lengths:
+            cell = {v: in_fresh_process(args, "--saved-probe", v, size, length) for v in args.variants}
+            for v, n in cell.items():
+                saved.append(
+                    {
+                        "variant": v,
+                        "size": size,
+                        "length": length,
+                        "dtype": args.saved_activations,
+                        "saved_for_backward_bytes": n,
+                    }
+                )
+                ratio = f"{n / cell['fairseq']:.3f}" if "fairseq" in cell else "—"
+                lines.append(f"| {size} | {length} | {v} | {n / 2**20:.0f} | {ratio} |")
+    print("\n".join(lines))
+    return saved
 
 
 def write_result(path, script, argv, device, machine, **content):

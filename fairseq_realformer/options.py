@@ -17,7 +17,6 @@ from typing import FrozenSet, Optional
 from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
 from .modules.backbones import BACKBONES
-from .modules.residual_attention import KERNELS
 from .modules.sublayers import PATHS  # the names --residual-attention-paths takes: encoder, decoder, cross
 
 MODES = ("sum", "mean")
@@ -31,12 +30,13 @@ class Flag:
     applied by the architectures (``set_defaults``), so that flags on the command line win."""
 
     name: str
-    default: Optional[str]
+    default: object  # a string, or False for a switch
     help: str
     choices: Optional[tuple] = None
     metavar: Optional[str] = None
     # changes what the same parameters compute: checkpoints that differ in it are different models
     model_defining: bool = True
+    switch: bool = False  # a flag without a value (store_const True; default False)
 
     @property
     def dest(self) -> str:
@@ -72,17 +72,6 @@ FLAGS = (
         "lambda = sigmoid(x.w + b) per token and head, w and b zero at initialisation",
     ),
     Flag(
-        "--residual-attention-kernel",
-        "auto",
-        choices=KERNELS,
-        model_defining=False,
-        help="how residual attention runs: fused: one scaled_dot_product_attention call per layer "
-        "(the carried scores as its additive bias); concat: one call per layer over the queries and keys "
-        "of the path's layers so far, side by side (S_n as one product; decoding runs eager); eager: the "
-        "score chain op by op (the reference); auto: eager (on an H100 the fused layers were not faster "
-        "yet). The same numbers every way",
-    ),
-    Flag(
         "--backbone",
         "admin",
         choices=tuple(BACKBONES),
@@ -105,7 +94,24 @@ FLAGS = (
         help="initialise ADMIN's omega from a Transformer-Clinic profile.ratio.init before the "
         "first update (stored in the checkpoints; the file is not needed later)",
     ),
+    Flag(
+        "--compile-layers",
+        False,
+        switch=True,
+        model_defining=False,
+        help="compile every encoder and decoder layer's training step with torch.compile (one compiled "
+        "forward per layer kind, compiled at the first batches; validation, decoding and ADMIN's "
+        "profiling run eager). Off by default: slower on CPUs; see docs/usage.md for GPUs",
+    ),
 )
+
+# Flags that are gone, each with what to do instead: refused in one line on a command line;
+# checkpoints that stored them still load (the value is dropped).
+RETIRED_FLAGS = {
+    "--residual-attention-kernel": "retired: residual attention runs one implementation, the eager score "
+    "chain (the fused and concat kernels were no faster on GPUs: benchmarks/RESULTS.md); for speed on a "
+    "GPU, try --compile-layers",
+}
 
 # Model settings that change what the same parameters compute: fairseq's, then the plugin's.
 MODEL_FIELDS = (
@@ -127,8 +133,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     Their values are checked by ``check``, not by argparse's ``choices``, whose refusal prints
     fairseq-train's whole usage (180 lines) before the one that matters."""
     for flag in FLAGS:
+        if flag.switch:
+            parser.add_argument(flag.name, action="store_const", const=True, help=flag.help)
+            continue
         metavar = flag.metavar or (f"{{{','.join(flag.choices)}}}" if flag.choices else None)
         parser.add_argument(flag.name, metavar=metavar, help=flag.help)
+    for name in RETIRED_FLAGS:
+        parser.add_argument(name, help=argparse.SUPPRESS)
     parser.set_defaults(**{_ON_COMMAND_LINE: True})
 
 
@@ -150,8 +161,16 @@ def check(args) -> None:
     loads data, builds the model or makes its save dir. On a command line, the Clinic file of
     ``--admin-init-path`` is read too (it exists and fits the depths), unless training resumes
     from a checkpoint, which carries ω (generation never needs the file)."""
+    on_command_line = getattr(args, _ON_COMMAND_LINE, False)
+    for name, instead in RETIRED_FLAGS.items():
+        dest = name[2:].replace("-", "_")
+        value = getattr(args, dest, None)
+        if hasattr(args, dest):
+            delattr(args, dest)  # an old checkpoint's value means nothing now: not saved again
+        if on_command_line and value is not None:
+            raise RealformerConfigError(f"{name} {value}: {instead}")
     options = RealformerOptions.from_args(args)
-    if getattr(args, _ON_COMMAND_LINE, False):
+    if on_command_line:
         delattr(args, _ON_COMMAND_LINE)  # not a model setting: no checkpoint stores it
         if options.admin_init_path and not _loads_a_checkpoint(args):
             from .modules.admin import read_clinic_profile
@@ -197,7 +216,7 @@ class RealformerOptions:
     admin_init_path: Optional[str]
     value_paths: FrozenSet[str] = frozenset()  # paths with value residual
     value_mix: str = "half"
-    kernel: str = "auto"  # how residual attention runs (ResidualMultiheadAttention.kernel)
+    compile_layers: bool = False  # training steps through compiled layers (modules/compiled.py)
 
     @property
     def normalize_before(self) -> bool:
@@ -238,7 +257,7 @@ class RealformerOptions:
             admin_init_path=args.admin_init_path or None,
             value_paths=parse_paths(args.value_residual_paths, "--value-residual-paths"),
             value_mix=args.value_residual_mix,
-            kernel=args.residual_attention_kernel,
+            compile_layers=bool(args.compile_layers),
         )
         options._check_against(args)
         return options

@@ -105,14 +105,14 @@ def cli_error(capsys, main, *argv):
     return lines[-1]
 
 
-def popen(program, *args, cwd):
-    """Start *program* as ``run`` does, without waiting; stderr goes into stdout. Ctrl-C (SIGINT)
+def popen(program, *args, cwd, env=None):
+    """Start *program* as ``run`` does (*env* added), without waiting; stderr goes into stdout. Ctrl-C (SIGINT)
     reaches it as a user's would: a suite started in the background by a shell (``cmd &``) ignores
     SIGINT, and a child inherits that, so it is set back to the default for the program."""
     return subprocess.Popen(
         command(program, *args),
         cwd=cwd,
-        env=clean_env(),
+        env={**clean_env(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -253,9 +253,14 @@ def two_rank_run(tmp_path_factory):
         f"tcp://127.0.0.1:{port}",
         "--distributed-world-size",
         "2",
+        # and compiled layers under DDP: the profiling pass runs eager, training compiled (traced by
+        # dynamo alone: seconds; tests/test_compiled_layers.py runs inductor's code)
+        "--compile-layers",
     ]
+    env = {"REALFORMER_COMPILE_BACKEND": "eager"}
     ranks = [
-        popen("fairseq-train", *flags, "--distributed-rank", str(r), "--device-id", str(r), cwd=work) for r in (0, 1)
+        popen("fairseq-train", *flags, "--distributed-rank", str(r), "--device-id", str(r), cwd=work, env=env)
+        for r in (0, 1)
     ]
     logs = [p.communicate(timeout=600)[0] for p in ranks]
     for p, log in zip(ranks, logs):
@@ -267,6 +272,7 @@ def test_two_rank_training_profiles_once_into_the_checkpoint(two_rank_run):
     work, log = two_rank_run
     assert log.count("ADMIN omega initialised by profiling") == 1
     assert "training on 2 devices" in log
+    assert re.search(r"--compile-layers: \d+ graphs compiled in", log)
     state = torch.load(work / "ckpt" / "checkpoint_last.pt", weights_only=False)["model"]
     assert float(state["admin_initialized"]) == 1.0
     ffn = state["encoder.layers.1.ffn_omega"]

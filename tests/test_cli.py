@@ -107,6 +107,12 @@ def test_checkpoints_hold_only_allowed_globals(trained):
             "--backbone postln: choose from post-ln, pre-ln, admin, deepnorm, rezero, t-fixup, resi-dual",
         ),
         (["--admin-init-path", "missing.init"], "--admin-init-path missing.init: No such file or directory"),
+        (
+            ["--residual-attention-kernel", "fused"],
+            "--residual-attention-kernel fused: retired: residual attention runs one implementation, the eager "
+            "score chain (the fused and concat kernels were no faster on GPUs: benchmarks/RESULTS.md); for speed "
+            "on a GPU, try --compile-layers",
+        ),
     ],
 )
 def test_a_refused_flag_is_one_line_before_anything_is_logged_or_written(trained, flags, error):
@@ -140,3 +146,46 @@ def test_a_run_refused_after_fairseq_made_its_save_dir_takes_it_back(trained):
     )
     assert "'save_dir': 'refused/ckpt'" in result.stdout + result.stderr  # logged once fairseq made the folder
     assert not (work / "refused").exists()
+
+
+def test_compiled_layers_resume_an_eager_run_and_their_checkpoints_translate(trained):
+    """--compile-layers continues the eager run's checkpoint, logs its compile time once (at the
+    first validation) and saves a checkpoint that fairseq-generate, eager, translates. Traced by
+    dynamo alone here (REALFORMER_COMPILE_BACKEND=eager: seconds, not inductor's minutes on a CPU;
+    tests/test_compiled_layers.py runs inductor's code)."""
+    work, _ = trained
+    result = run(
+        "fairseq-train",
+        "bin",
+        *TRAIN,
+        "--compile-layers",
+        *("--restore-file", "ckpt/checkpoint_last.pt", "--save-dir", "compiled", "--max-update", "50"),
+        cwd=work,
+        env={"REALFORMER_COMPILE_BACKEND": "eager"},
+    )
+    log = result.stdout + result.stderr
+    assert re.search(r"Loaded checkpoint ckpt/checkpoint_last\.pt \(epoch \d+ @ 40 updates\)", log), log[-3000:]
+    # 2+2 layers: the first layer of each stack, the encoder's second, the decoder's alignment layer
+    reports = re.findall(r"--compile-layers: (\d+) graphs compiled in [\d.]+ s so far", log)
+    assert reports == ["4"], log[-3000:]
+    losses = train_losses(log)
+    assert losses and losses[-1] < 8, losses
+    result = run(
+        "fairseq-generate",
+        "bin",
+        *("--user-dir", USER_DIR, "--path", "compiled/checkpoint_last.pt", "--beam", "4", "--batch-size", "8"),
+        cwd=work,
+    )
+    assert sorted(map(int, re.findall(r"^H-(\d+)\t", result.stdout, re.M))) == list(range(N_TEST))
+
+
+def test_a_checkpoint_that_stored_the_retired_kernel_flag_translates(trained):
+    """Checkpoints made before --residual-attention-kernel was retired store its value: they load
+    and translate (the value is dropped)."""
+    work, _ = trained
+    state = torch.load(work / "ckpt" / "checkpoint_last.pt", weights_only=False)
+    state["cfg"]["model"].residual_attention_kernel = "concat"
+    torch.save(state, work / "with-kernel.pt")
+    args = ("--user-dir", USER_DIR, "--path", "with-kernel.pt", "--beam", "4", "--batch-size", "8")
+    result = run("fairseq-generate", "bin", *args, cwd=work)
+    assert sorted(map(int, re.findall(r"^H-(\d+)\t", result.stdout, re.M))) == list(range(N_TEST))

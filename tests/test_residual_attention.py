@@ -280,15 +280,13 @@ def test_every_attention_module_of_a_plugin_layer_answers_attended():
     assert answers and set(answers) == {Attended}
 
 
-@pytest.mark.parametrize("kernel", ["eager", "fused"])
 @pytest.mark.parametrize("kind", ["self", "cross"])
-def test_training_projects_with_one_gemm_and_computes_what_separate_projections_compute(kind, kernel):
+def test_training_projects_with_one_gemm_and_computes_what_separate_projections_compute(kind):
     """In training the projections of one input run as one GEMM (q, k, v in self-attention; k,
     v in cross-attention): the parameters keep their names, and the output, the carried scores
     and every gradient are those of the three projections run one by one."""
     kwargs = {"self_attention": True} if kind == "self" else {"encoder_decoder_attention": True}
     _, ours = pair(**kwargs)
-    ours.kernel = kernel
     ours.dropout_module.p = 0.0
     ours.train()
     x = torch.randn(T, B, EMBED, dtype=torch.float64, requires_grad=True)

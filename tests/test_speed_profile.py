@@ -22,3 +22,12 @@ def test_busy_share_and_attention_time_in_the_report():
     # a CPU rehearsal or a failed profile has neither: the table says so instead of failing
     assert speed.busy_share({"train_step_ms": 20.0, "cuda_kernels": {"error": "no CUDA"}}) == "—"
     assert speed.attention_ms({"train_step_ms": 20.0}) == "—"
+
+
+def test_a_compiled_variant_is_its_variant_with_compiled_layers():
+    """speed.py's ``+compiled`` rows: a plugin variant with --compile-layers; fairseq's own model,
+    whose layers build() compiles by hand; nothing else."""
+    assert speed.variant_flags("realformer+compiled") == [*speed.variant_flags("realformer"), "--compile-layers"]
+    assert speed.variant_flags("fairseq+compiled") == speed.variant_flags("fairseq") == ["--arch", "transformer"]
+    for unknown in ("realformer+fused", "nothing+compiled"):
+        assert not speed._known_variant(unknown)

@@ -6,6 +6,7 @@ With ``--residual-attention-paths none`` and ``--backbone post-ln`` (or ``pre-ln
 fairseq's ``transformer``: same modules, same parameter names, same outputs.
 """
 
+import logging
 from contextvars import ContextVar
 from typing import Dict, List, Optional
 
@@ -24,9 +25,11 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import options as plugin_options
-from ..modules import admin
+from ..modules import admin, compiled
 from ..modules.backbones import BACKBONES
 from ..modules.layers import Carry, RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
+
+logger = logging.getLogger(__name__)
 
 # The options of the model being built. fairseq's build_model calls build_encoder/build_decoder
 # with a config it makes itself; the options reach them through this context, never through
@@ -110,7 +113,8 @@ class RealformerEncoder(TransformerEncoderBase):
         token_embeddings: Optional[Tensor] = None,
     ):
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
-        has_pads = bool(encoder_padding_mask.any())
+        # compiled layers always take the mask: one graph for both, and no host sync to learn which
+        has_pads = compiled.stack_runs_compiled(self.layers) or bool(encoder_padding_mask.any())
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
         if has_pads:
             x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))
@@ -179,11 +183,14 @@ class RealformerDecoder(TransformerDecoderBase):
 
         x, tokens = self._embed_targets(prev_output_tokens, incremental_state)
         self_attn_padding_mask = None
-        if tokens.eq(self.padding_idx).any():
+        # compiled layers always take the mask (as the encoder's)
+        if compiled.stack_runs_compiled(self.layers) or tokens.eq(self.padding_idx).any():
             self_attn_padding_mask = tokens.eq(self.padding_idx)
         self_attn_mask = None
         if incremental_state is None and not full_context_alignment:
             self_attn_mask = self.buffered_future_mask(x)
+            if compiled.stack_runs_compiled(self.layers):  # a view of a buffer that grows: its stride would be a guard
+                self_attn_mask = self_attn_mask.clone()
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
@@ -262,6 +269,11 @@ class RealformerModel(TransformerModel):
     def build_model(cls, args, task):
         realformer_base_architecture(args)  # what older checkpoints lack gets today's defaults
         options = plugin_options.RealformerOptions.from_args(args)
+        if options.compile_layers and getattr(args, "checkpoint_activations", False):
+            logger.warning(
+                "--compile-layers: the layers run eager under --checkpoint-activations "
+                "(fairseq's checkpoint wrapper replaces their forward)"
+            )
         token = _options_being_built.set(options)
         try:
             return super().build_model(args, task)

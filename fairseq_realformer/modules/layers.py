@@ -22,6 +22,7 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
+from . import compiled
 from .backbones import BACKBONES
 from .residual_attention import Carried, PlainMultiheadAttention, ResidualMultiheadAttention
 from .sublayers import (
@@ -59,6 +60,8 @@ class _Backbone:
     admin_profiler = None
     # the join's weight on a backbone without a trainable one (DeepNorm's α; 1.0 otherwise)
     residual_alpha = 1.0
+    # training steps run the class's compiled forward (--compile-layers; ``compiled.runs_compiled``)
+    compiles = False
 
     # The per-sublayer join weights (``Sublayer.parameter``), made by ``_init_backbone`` on the
     # backbones that have one: ADMIN's per-channel ω, ReZero's scalar α. Declared here (without a
@@ -75,6 +78,8 @@ class _Backbone:
         its per-sublayer weights (declared above), no LayerNorms for a backbone without them,
         then its own initialisation of the layer."""
         self.backbone = backbone = BACKBONES[self.options.backbone]
+        # fairseq's activation checkpointing replaces forward with its own wrapper: that runs eager
+        self.compiles = self.options.compile_layers and not cfg.checkpoint_activations
         weight = backbone.weight
         if weight is not None:
             layers = cfg.encoder.layers if side == "encoder" else cfg.decoder.layers
@@ -88,6 +93,18 @@ class _Backbone:
                 setattr(self, sublayer.layer_norm, None)
         if backbone.init_layer is not None:
             backbone.init_layer(self, cfg, side)
+
+    def __call__(self, *args, **kwargs):
+        # overridden to route a training step through the compiled forward (``compiled``)
+        if compiled.runs_compiled(self):
+            return compiled.compiled_forward(type(self))(self, *args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def train(self, mode: bool = True):
+        # overridden to log what compiling cost, once, when training first stops for validation
+        if not mode and self.compiles:
+            compiled.COMPILE_TIME.report()
+        return super().train(mode)
 
     def sublayer_omegas(self):
         """ADMIN's ω in the order the sublayers run (None where a layer has none)."""
@@ -117,8 +134,6 @@ class _Backbone:
             running_mean=options.running_mean,
             value_mix=value_mix,
             value_gate=value_mix == "learned" and self.index > 0,  # layer 1's values are V_1 itself
-            kernel=options.kernel,
-            path_layers=getattr(cfg, self.side).layers,  # this stack's: every path lies in one stack
             **kwargs,
         )
 
@@ -289,7 +304,7 @@ class RealformerDecoderLayer(_Backbone, TransformerDecoderLayerBase):
                 incremental_state=incremental_state,
                 static_kv=True,
                 # only when asked (the alignment layer): fairseq's layer also computes every other
-                # layer's weights in eval, which its decoder drops; that would keep them off the fused path
+                # layer's weights in eval, which its decoder drops
                 need_weights=need_attn,
                 need_head_weights=need_head_weights,
             )

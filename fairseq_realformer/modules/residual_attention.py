@@ -33,24 +33,6 @@ the first layer of the path that runs in this pass. V_1 is carried in float32 wh
 computes in half precision (float16 or bfloat16, also under ``--bf16``'s autocast), as the scores
 are.
 
-Three implementations compute the same thing (``--residual-attention-kernel``). The *eager* chain
-forms ``S_n``, masks and divides it, and runs softmax, dropout and the value product as separate
-kernels: the reference, and what answers ``need_weights`` (the analysis tool's capture) and runs
-decoding steps under every kernel but fused. The *fused* one is one
-``scaled_dot_product_attention`` call, through the exact identity
-
-    softmax(S_n / n + mask) = softmax(Q Kᵀ · 1/(n√d) + (S_{n-1} / n + mask))
-
-that is, this layer's own product at scale 1/(n√d) (1/√d for the sum) plus an additive bias
-``S_{n-1}/n + mask``, which PyTorch's memory-efficient kernel takes with its gradient; ``S_n`` to
-hand on is one ``baddbmm``. *concat* is one call too, with no carried bias: ``S_n`` is itself one
-product, [Q_1‖…‖Q_n] [K_1‖…‖K_n]ᵀ/√d, so the layer attends with its path's queries and keys so far
-side by side (``score_factors``), and hands those on instead of ``S_n``. Dropout runs inside the
-kernel in both (the same distribution as the eager dropout, not the same mask). ``auto``, the
-default, is eager: on an H100 the fused layer launched more CUDA kernels than the eager one and
-trained no faster (benchmarks/RESULTS.md, "Fused residual attention"); concat has not run on a GPU
-yet. Both stay opt-in until a measurement says otherwise.
-
 A layer calls one of two modules per attention sublayer, the same way:
 ``ResidualMultiheadAttention`` where its path carries scores or values, ``PlainMultiheadAttention``
 (fairseq's own) where it carries nothing. Both take what the path carried (``Carried``) and answer
@@ -63,24 +45,13 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import RealformerConfigError
-from . import score_factors
-from .score_factors import ScoreFactors
 
 # Attention computing in these dtypes carries S_n and V_1 in float32: a deep running sum can overflow
 # float16's 65504, and bfloat16's 8-bit mantissa doubles the error of S_18 against float32
 # (tests/test_bf16.py).
 HALF = (torch.float16, torch.bfloat16)
-
-KERNELS = ("auto", "fused", "concat", "eager")  # --residual-attention-kernel
-# On CUDA the fused calls are pinned to the memory-efficient kernel, the one that takes an additive
-# bias and returns its gradient (fused; flash takes no bias, cuDNN's bias gradient is not
-# guaranteed) and queries and keys wider than the values (concat; flash and cuDNN take equal widths
-# only); PyTorch falls back to its math path (with a warning that says why) only where it refuses.
-_CUDA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-MASK_ALIGNMENT = 8  # elements: the memory-efficient kernel's alignment of an additive mask (``_aligned``)
 
 
 class _SoftmaxSavedInHalf(torch.autograd.Function):
@@ -119,7 +90,6 @@ class Carried(NamedTuple):
 
     scores: Optional[Tensor] = None  # S_n: the unmasked, undivided running sum of scores
     values: Optional[Tensor] = None  # V_1: the path's first layer's values (value residual)
-    factors: Optional[ScoreFactors] = None  # S_n as [Q_1‖…‖Q_n] [K_1‖…‖K_n]ᵀ/√d (kernel concat), instead of scores
 
 
 class Attended(NamedTuple):
@@ -228,13 +198,6 @@ class ResidualMultiheadAttention(MultiheadAttention):
     Args:
         residual_scores: carry the scores (RealFormer); else this layer's scores stay its own.
         running_mean: softmax over ``S_n / n`` instead of ``S_n`` (the paper's choice for NMT).
-        kernel: "fused" (one ``scaled_dot_product_attention`` call, the carried scores its bias),
-            "concat" (one call over the concatenated queries and keys, ``score_factors``), "eager"
-            (the score chain op by op) or "auto" (eager, see above). The probabilities, when asked
-            for, come from the eager chain (over the factors' product under concat). Decoding
-            with a cache and beamable cross-attention run concat's layers eagerly (on an H100 the
-            eager chain decoded faster than fused).
-        path_layers: the attention layers on this module's path (concat's buffers), if known.
         value_mix: "half" or "learned" on a value-residual path, else None.
         value_gate: build λ's w and b (``learned``, layers n ≥ 2).
         Other arguments as for fairseq's ``MultiheadAttention``.
@@ -249,8 +212,6 @@ class ResidualMultiheadAttention(MultiheadAttention):
         running_mean: bool = False,
         value_mix: Optional[str] = None,
         value_gate: bool = False,
-        kernel: str = "auto",
-        path_layers: Optional[int] = None,
         **kwargs,
     ):
         for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):
@@ -260,10 +221,6 @@ class ResidualMultiheadAttention(MultiheadAttention):
         self.residual_scores = residual_scores
         self.running_mean = running_mean and residual_scores
         self.value_mix = value_mix
-        if kernel not in KERNELS:
-            raise RealformerConfigError(f"--residual-attention-kernel {kernel}: choose from {', '.join(KERNELS)}")
-        self.kernel = kernel
-        self.path_layers = path_layers
         # λ = sigmoid(x·w + b) per head; zeros (no random draw), so λ starts at ½
         self.value_gate = ValueGate(embed_dim, num_heads) if value_gate else None
 
@@ -315,30 +272,12 @@ class ResidualMultiheadAttention(MultiheadAttention):
 
         prev_scores = carried.scores if self.residual_scores else None
         need_probs = need_weights or need_head_weights
-        scores = factors = None
-        if self._concatenates(q, k, saved_state, prev_scores):
-            attn, probs, factors = self._attend_concat(
-                q, k, v, carried.factors, depth, attn_mask, key_padding_mask, kv_bsz, need_probs
-            )
-        elif need_probs or not self._fused():
-            attn, probs, scores = self._attend(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
-        else:
-            attn, scores = self._attend_fused(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
+        attn, probs, scores = self._attend(q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz)
         attn = self._value_residual_after_attention(attn, mix_after)
 
         attn = self.out_proj(_merge_heads(attn, tgt_len, bsz, embed_dim))
         weights = _weights(probs, bsz, self.num_heads, need_head_weights) if need_probs else None
-        return Attended(attn, weights, Carried(scores if self.residual_scores else None, first_values, factors))
-
-    def _fused(self) -> bool:
-        """Whether this module takes the fused kernel (``kernel``; auto: not yet, see above)."""
-        return self.kernel == "fused"
-
-    def _concatenates(self, q: Tensor, k: Tensor, saved_state, prev_scores: Optional[Tensor]) -> bool:
-        """kernel concat, where every layer of the path can take it in this pass: no cache (decoding
-        steps carry the scores' rows, eagerly), every query its own keys (not beamable), and no
-        scores carried in. Elsewhere concat's layers run the eager chain."""
-        return self.kernel == "concat" and saved_state is None and q.size(0) == k.size(0) and prev_scores is None
+        return Attended(attn, weights, Carried(scores if self.residual_scores else None, first_values))
 
     # --- value residual: before the cache (self-attention), after it (cross-attention) ------------
 
@@ -364,7 +303,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         Without (*mix* None), *attn* as it is."""
         if mix is None:
             return attn
-        mix = mix.view(*attn.shape[:-1], 1)  # (batch * heads, rows, 1), or per head for the fused output
+        mix = mix.view(*attn.shape[:-1], 1)  # (batch * heads, rows, 1)
         return torch.lerp(attn[..., self.head_dim :], attn[..., : self.head_dim], mix)
 
     def _mix_values(self, query: Tensor, v: Tensor, first_values: Optional[Tensor]):
@@ -407,68 +346,6 @@ class ResidualMultiheadAttention(MultiheadAttention):
     def _divisor(self, depth: int) -> int:
         """n under the running mean (softmax over S_n / n), else 1."""
         return depth if self.running_mean and depth > 1 else 1
-
-    def _dropout_p(self) -> float:
-        """The attention dropout a fused call applies inside its kernel (fairseq's rule for when)."""
-        return self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
-
-    def _attend_fused(self, q, k, v, prev_scores, depth, attn_mask, key_padding_mask, kv_bsz):
-        """The same as ``_attend`` in one ``scaled_dot_product_attention`` call (the module's
-        docstring has the identity). Returns (the weighted sum of the values as
-        ``(batch, heads, length, value_dim)``, in the layout the kernel wrote it (on CUDA a view of
-        ``(batch, length, heads, value_dim)``: ``_merge_heads`` copies it once), and ``S_n`` to hand
-        on or None off a score path)."""
-        heads, rows = self.num_heads, q.size(1)
-        divisor = self._divisor(depth)
-        bias = _additive_mask(attn_mask, key_padding_mask, kv_bsz, q.dtype)
-        if prev_scores is not None:  # S_{n-1} / n + mask
-            prev = prev_scores.view(kv_bsz, -1, heads, rows, prev_scores.size(-1))
-            prev = _fold_beam(prev)  # a hypothesis's rows next to its sentence's: one batch per sentence
-            bias = prev * (1 / divisor) if bias is None else torch.add(bias, prev, alpha=1 / divisor)
-            if q.dtype == torch.float16:  # softmax ignores a shift per row: keep the bias within float16's range
-                bias = bias - bias.detach().amax(dim=-1, keepdim=True)
-            bias = bias.to(q.dtype)  # the kernel takes the bias in q's dtype; S_n stays float32
-        out = _sdpa(
-            _fold_beam(q.view(kv_bsz, -1, heads, rows, q.size(-1))),
-            k.view(kv_bsz, heads, -1, k.size(-1)),
-            v.view(kv_bsz, heads, -1, v.size(-1)),
-            bias,
-            dropout_p=self._dropout_p(),
-            scale=self.scaling / divisor,
-        )
-        out = _unfold_beam(out, q.size(0) // (kv_bsz * heads), rows)
-        if not self.residual_scores:
-            return out, None
-        return out, _carried_dtype(self._scores(q, k, prev_scores, kv_bsz))
-
-    def _attend_concat(self, q, k, v, factors, depth, attn_mask, key_padding_mask, kv_bsz, need_probs):
-        """The same as ``_attend`` as one ``scaled_dot_product_attention`` call over S_n's factors
-        [Q_1‖…‖Q_n] and [K_1‖…‖K_n] (``score_factors``: this layer appends its q and k to
-        *factors*, layer n − 1's; off a score path, its own q and k). Returns (the weighted sum
-        of the values, this layer's probabilities when *need_probs*, else None, and the factors
-        to hand on, None off a score path). Asked for the probabilities, the eager chain runs
-        over the factors: their product is S_n."""
-        if self.residual_scores:
-            factors = score_factors.append(factors, q, k, self.path_layers)
-            queries, keys = factors.per_head(factors.queries), factors.per_head(factors.keys)
-        else:
-            queries, keys, factors = q, k, None
-        if need_probs:
-            attn, probs, _ = self._attend(queries, keys, v, None, depth, attn_mask, key_padding_mask, kv_bsz)
-            return attn, probs, factors
-
-        def mask():  # once per path on a score path: its layers share their masks
-            return _aligned(_additive_mask(attn_mask, key_padding_mask, kv_bsz, q.dtype))
-
-        bias = factors.buffers.mask(attn_mask, key_padding_mask, mask) if factors is not None else mask()
-        divisor = self._divisor(depth)
-        out = _sdpa(
-            *(t.view(kv_bsz, self.num_heads, t.size(1), t.size(2)) for t in (queries, keys, v)),  # views
-            bias,
-            dropout_p=self._dropout_p(),
-            scale=self.scaling / divisor,
-        )
-        return out, None, factors
 
     def _scores(self, q: Tensor, k: Tensor, prev_scores: Optional[Tensor], kv_bsz: int) -> Tensor:
         """S_n = Q Kᵀ/√d + S_{n-1} (*prev_scores*: None on the path's first layer, or a layer that
@@ -561,13 +438,7 @@ class ResidualMultiheadAttention(MultiheadAttention):
         # one copy to (projection, length, batch, embed_dim), as torch's packed in-projection does:
         # then every projection's heads are a view
         out = out.view(*out.shape[:-1], len(projections), self.embed_dim)
-        if self.kernel == "concat" and self.residual_scores:
-            # concat copies q and k into its buffers and the kernel keeps v: v in a copy of its own,
-            # so that keeping it does not keep a second copy of q and k alive (one kernel more)
-            queries_keys, values = out.split([len(projections) - 1, 1], dim=-2)  # backward: one cat
-            packed = [*queries_keys.movedim(-2, 0).contiguous().unbind(0), values.squeeze(-2).contiguous()]
-        else:
-            packed = out.movedim(-2, 0).contiguous().unbind(0)
+        packed = out.movedim(-2, 0).contiguous().unbind(0)
         return [self._split_heads(t) for t in packed]
 
     def _extend_cache(self, incremental_state, saved_state, k, v, key_padding_mask, static_kv):
@@ -612,63 +483,10 @@ class ValueGate(nn.Module):
         return torch.sigmoid(F.linear(x, self.weight, self.bias))
 
 
-def _additive_mask(attn_mask, key_padding_mask, kv_bsz: int, dtype) -> Optional[Tensor]:
-    """This layer's masks as one additive bias, broadcastable to ``(kv_bsz, heads, rows, keys)``
-    (``-inf`` at padded keys, *attn_mask* as given); None without masks. A decoding step's query
-    rows of every hypothesis of a sentence share its sentence's padding (``_fold_beam``)."""
-    bias = None
-    if key_padding_mask is not None:
-        padding = key_padding_mask.to(torch.bool).view(kv_bsz, 1, 1, -1)
-        bias = torch.where(padding, float("-inf"), 0.0)  # float32, one kernel
-    if attn_mask is not None:
-        bias = attn_mask if bias is None else bias + attn_mask
-    return bias if bias is None else bias.to(dtype)
-
-
-def _aligned(bias: Optional[Tensor]) -> Optional[Tensor]:
-    """*bias* in memory whose strides (all but the last) are multiples of ``MASK_ALIGNMENT``
-    elements, as the memory-efficient kernel takes it: given any other, that kernel pads a copy at
-    every call (PyTorch's ``preprocess_mask``). One copy here, for a mask the path's layers share."""
-    if bias is None or all(stride % MASK_ALIGNMENT == 0 for stride in bias.stride()[:-1]):
-        return bias
-    keys = bias.size(-1)
-    padded = bias.new_empty(*bias.shape[:-1], -(-keys // MASK_ALIGNMENT) * MASK_ALIGNMENT)[..., :keys]
-    return padded.copy_(bias)
-
-
-def _fold_beam(t: Tensor) -> Tensor:
-    """``(sentences, beam, heads, rows, cols)`` → ``(sentences, heads, beam * rows, cols)``: in
-    beamable cross-attention every hypothesis attends over its sentence's keys, so a sentence's
-    hypotheses are rows of one attention (a view when the beam is 1)."""
-    sentences, beam, heads, rows, cols = t.shape
-    if beam == 1:
-        return t.view(sentences, heads, rows, cols)
-    return t.transpose(1, 2).reshape(sentences, heads, beam * rows, cols)
-
-
-def _unfold_beam(out: Tensor, beam: int, rows: int) -> Tensor:
-    """``_fold_beam``'s inverse for the attention's output: ``(batch, heads, rows, dim)``."""
-    if beam == 1:
-        return out
-    sentences, heads, _, dim = out.shape
-    return out.view(sentences, heads, beam, rows, dim).transpose(1, 2).reshape(-1, heads, rows, dim)
-
-
 def _merge_heads(attn: Tensor, tgt_len: int, bsz: int, embed_dim: int) -> Tensor:
-    """The heads' outputs side by side, ``(tgt_len, bsz, embed_dim)``, from the eager chain's
-    ``(bsz * heads, tgt_len, head_dim)`` or the fused kernel's ``(bsz, heads, tgt_len, head_dim)``."""
-    if attn.dim() == 4:
-        return attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+    """The heads' outputs side by side, ``(tgt_len, bsz, embed_dim)``, from ``(bsz * heads,
+    tgt_len, head_dim)``."""
     return attn.transpose(0, 1).reshape(tgt_len, bsz, embed_dim)
-
-
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], dropout_p: float, scale: float) -> Tensor:
-    """``scaled_dot_product_attention`` over ``(batch, heads, length, dim)``, pinned on CUDA to
-    the kernel that differentiates the bias (``_CUDA_BACKENDS``)."""
-    if q.is_cuda:
-        with sdpa_kernel(_CUDA_BACKENDS):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
 def _joins_projections(attention: MultiheadAttention) -> bool:

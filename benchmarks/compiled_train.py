@@ -1,0 +1,169 @@
+"""fairseq-train with ``--compile-layers`` against the same training eager, as a user runs it: words
+per second, the training loss at the end and the validation loss of every epoch.
+
+Every run trains the same architecture on the same data with the same flags, one after the
+other, in subprocesses: eager with each of ``--seeds``, compiled with the first (the spread of
+the eager seeds is the noise a compiled run is judged against: dropout draws other masks
+compiled than eager, so the two agree within noise, not to the digit). words/s is the median of
+fairseq's logged ``wps`` over the intervals after the first ``--skip`` updates (the compiled run
+compiles in its first steps); the compiled run's log line with its compile time is kept.
+
+Data: ``toy``, the toy corpus (scripts/toy_corpus.py, no download), for ``--updates`` updates
+without validation; or ``multi30k``, binarised as the Multi30k recipe does (joint sentencepiece,
+examples/multi30k/run.sh --prepare-only), for ``--epochs`` epochs with validation after each.
+
+    python benchmarks/compiled_train.py --bf16 --json benchmarks/results/gpu-compiled-train.json
+    python benchmarks/compiled_train.py --tiny --updates 20 --skip 10   # a CPU rehearsal, minutes
+    python benchmarks/compiled_train.py --data multi30k --epochs 3 --seeds 1,2 --skip 100 \\
+        --json benchmarks/results/cpu-compiled-train-multi30k.json    # the quality study's 4+4 model
+"""
+
+import argparse
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fairseq_log  # noqa: E402
+from repo import MULTI30K, REPO, USER_DIR, VARIANTS  # noqa: E402
+from speed import write_result  # noqa: E402
+
+TINY = (
+    "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "
+    "--decoder-embed-dim 32 --decoder-ffn-embed-dim 64 --decoder-attention-heads 2 --decoder-layers 2"
+).split()
+# the quality study's CPU model (benchmarks/quality.py --preset cpu): 4+4 layers, d=128, FFN 256
+MULTI30K_MODEL = (
+    "--arch realformer_iwslt_de_en --encoder-layers 4 --decoder-layers 4 --encoder-embed-dim 128 "
+    "--decoder-embed-dim 128 --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 "
+    "--encoder-attention-heads 4 --decoder-attention-heads 4 --dropout 0.3 --lr 2e-3 --warmup-updates 400"
+).split()
+COMPILE_LINE = re.compile(r"--compile-layers: (.*)$", re.M)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", choices=("toy", "multi30k"), default="toy", help="(default: %(default)s)")
+    p.add_argument("--arch", default="realformer_wmt_en_de", help="toy data (default: %(default)s, 6L-6L, 512/2048/8)")
+    p.add_argument("--updates", type=int, default=200, help="toy data: updates per run (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=3, help="multi30k: epochs per run (default: %(default)s)")
+    p.add_argument("--seeds", default="1", help="eager runs' seeds; the compiled run takes the first (default: 1)")
+    p.add_argument("--skip", type=int, default=50, help="updates left out of words/s (default: %(default)s)")
+    p.add_argument("--bf16", action="store_true", help="fairseq-train --bf16 (the plugin's mixed precision)")
+    p.add_argument("--tiny", action="store_true", help="toy data: 2+2 layers, width 32, 2,000 pairs (a rehearsal)")
+    p.add_argument("--work", help="folder for the data and the runs' logs (default: a temporary one)")
+    p.add_argument("--json", help="also write the result here")
+    args = p.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    return args
+
+
+def prepare(args, work: Path) -> Path:
+    """The binarised data in WORK/bin, with a joined dictionary (skipped when done)."""
+    data = work / "bin"
+    if (data / "dict.src.txt").exists() or (data / "dict.en.txt").exists():
+        return data
+    if args.data == "multi30k":
+        recipe = REPO / "examples" / "multi30k" / "run.sh"
+        subprocess.run(["bash", recipe, "--prepare-only", MULTI30K, work], check=True, capture_output=True)
+        return data
+    corpus = [sys.executable, REPO / "scripts" / "toy_corpus.py", "--out-dir", work]
+    subprocess.run([*corpus, "--train", "2000" if args.tiny else "20000"], check=True, capture_output=True)
+    splits = [arg for name in ("train", "valid", "test") for arg in (f"--{name}pref", work / name)]
+    binarize = [sys.executable, REPO / "scripts" / "binarize.py", "--source-lang", "src", "--target-lang", "tgt"]
+    subprocess.run([*binarize, *splits, "--destdir", data, "--workers", "2"], check=True, capture_output=True)
+    return data
+
+
+def flags(args):
+    """What both runs train with, after the data and the plugin."""
+    if args.data == "multi30k":
+        length = ["--max-epoch", str(args.epochs), "--source-lang", "en", "--target-lang", "de"]
+        return [*MULTI30K_MODEL, *VARIANTS["realformer"], *length]
+    toy = [*("--arch", args.arch), *(TINY if args.tiny else []), "--lr", "1e-3", "--warmup-updates", "50"]
+    return [*toy, "--max-update", str(args.updates), "--disable-validation"]
+
+
+def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
+    """One fairseq-train run: words/s, the last logged training loss, the validation losses,
+    the compile line."""
+    name = f"{'compiled' if compiled else 'eager'}-seed{seed}"
+    fairseq_train = shutil.which("fairseq-train", path=os.path.dirname(sys.executable)) or shutil.which("fairseq-train")
+    command = [
+        fairseq_train,
+        str(data),
+        *("--user-dir", str(USER_DIR), "--share-all-embeddings"),
+        *"--optimizer adam --adam-betas (0.9,0.98) --lr-scheduler inverse_sqrt --max-tokens 4096".split(),
+        *"--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --num-workers 0 --no-save".split(),
+        *"--log-format json --log-interval 10".split(),
+        *flags(args),
+        *("--seed", str(seed)),
+        *(["--bf16"] if args.bf16 else []),
+        *(["--compile-layers"] if compiled else []),
+    ]
+    print(f"[compiled-train {time.strftime('%H:%M:%S')}] {name}: {shlex.join(command)}", flush=True)
+    start = time.time()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=work)
+    log = result.stdout + result.stderr
+    (work / f"{name}.log").write_text(log)
+    if result.returncode != 0:
+        raise SystemExit(f"compiled_train.py: error: the {name} run failed; see {work / f'{name}.log'}")
+    inner = [fields for _, fields in fairseq_log.records(log.splitlines(), "train_inner")]
+    timed = [r["wps"] for r in inner if r["num_updates"] > args.skip]
+    valid = [fields for _, fields in fairseq_log.records(log.splitlines(), "valid")]
+    return {
+        "seed": seed,
+        "compiled": compiled,
+        "wall_s": round(time.time() - start, 1),
+        "wps": statistics.median(timed) if timed else None,
+        "intervals": len(timed),
+        "loss_at_end": inner[-1]["loss"] if inner else None,
+        "updates": int(inner[-1]["num_updates"]) if inner else 0,
+        "valid_loss": [[int(v["epoch"]), v["loss"]] for v in valid],
+        "compile_log": COMPILE_LINE.findall(log),
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    work = Path(args.work or tempfile.mkdtemp(prefix="compiled-train-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare(args, work)
+    runs = [train(args, data, work, seed, compiled=False) for seed in args.seeds]
+    runs.append(train(args, data, work, args.seeds[0], compiled=True))
+    eager, compiled = runs[0], runs[-1]
+    ratio = compiled["wps"] / eager["wps"] if eager["wps"] and compiled["wps"] else None
+    loss_change = (compiled["loss_at_end"] - eager["loss_at_end"]) / eager["loss_at_end"]
+    epochs = [epoch for epoch, _ in eager["valid_loss"]]
+    header = "".join(f" valid loss, epoch {epoch} |" for epoch in epochs)
+    print(f"| run | words/s (after update {args.skip}) | training loss at the end | wall s |{header}")
+    print("|---" * (4 + len(epochs)) + "|")
+    for run in runs:
+        name = f"{'compiled' if run['compiled'] else 'eager'} seed {run['seed']}"
+        curve = "".join(f" {loss:.3f} |" for _, loss in run["valid_loss"])
+        print(f"| {name} | {run['wps']:.0f} | {run['loss_at_end']:.3f} | {run['wall_s']:.0f} |{curve}")
+    print(
+        f"compiled / eager words/s: {ratio:.3f}; loss at the end {loss_change:+.2%}; {'; '.join(compiled['compile_log'])}"
+    )
+    if args.json:
+        import torch
+
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+        argv = sys.argv[1:] if argv is None else argv
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "work")}
+        write_result(
+            args.json, "compiled_train.py", argv, device, machine, settings=settings, runs=runs, wps_ratio=ratio
+        )
+
+
+if __name__ == "__main__":
+    main()
