@@ -2,6 +2,7 @@
 the run examples/wmt14/train.sh makes for it, and a tiny run trains the same model as the
 equivalent fairseq-train command line."""
 
+import re
 import shlex
 import warnings
 from pathlib import Path
@@ -139,7 +140,8 @@ def test_model_configs_are_the_variants_of_variants_py():
 
 
 def test_hydra_train_builds_the_model_of_the_fairseq_train_command_line(tmp_path):
-    """RealFormer (the default row) at a tiny size, 3 updates on the toy corpus."""
+    """RealFormer (the default row) at a tiny size, 3 updates on the toy corpus, with compiled
+    layers (+model.compile_layers=true, as --compile-layers; traced by dynamo alone here)."""
     sizes = TINY[: TINY.index("--share-all-embeddings")]  # --encoder-embed-dim 32 ... (the configs share them too)
     overrides = [f"model.{flag[2:].replace('-', '_')}={value}" for flag, value in zip(sizes[::2], sizes[1::2])]
     result = run(
@@ -159,11 +161,14 @@ def test_hydra_train_builds_the_model_of_the_fairseq_train_command_line(tmp_path
         "lr_scheduler.warmup_updates=1",
         "dataset.max_tokens=1000",
         "dataset.num_workers=0",
+        "+model.compile_layers=true",
         f"checkpoint.save_dir={tmp_path / 'ckpt'}",
         cwd=tmp_path,
+        env={"REALFORMER_COMPILE_BACKEND": "eager"},
     )
     log = result.stdout + result.stderr
     assert "ADMIN omega initialised by profiling" in log  # the row's --admin-init profile
+    assert re.search(r"--compile-layers: \d+ graphs compiled in", log), log[-3000:]
     checkpoint = read_checkpoint(tmp_path / "ckpt" / "checkpoint_last.pt")
     assert checkpoint["optimizer_history"][-1]["num_updates"] == 3
     assert (tmp_path / "ckpt" / ".hydra" / "config.yaml").exists()  # the composed config, with the checkpoints
