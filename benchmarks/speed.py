@@ -593,7 +593,7 @@ def main():
     args = parse_args()
     # several variants and cells in one process keep their graphs side by side on each layer
     # class's compiled forward (fairseq_realformer/modules/compiled.py): more than one run needs
-    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.recompile_limit = 64  # (cache_size_limit before PyTorch 2.6, an alias since)
     for probe, measure in ((args.memory_probe, peak_memory_probe), (args.saved_probe, saved_for_backward_bytes)):
         if probe:
             variant, size, length = probe

@@ -91,10 +91,10 @@ class CompileTime:
         callback_handler.register_end_callback(self._end)
         atexit.register(self.report)  # a run that never validates (--disable-validation) reports at its end
 
-    def _start(self, args) -> None:
+    def _start(self, *_) -> None:  # (CallbackArgs in newer PyTorch, nothing in older)
         self._started = time.perf_counter()
 
-    def _end(self, args) -> None:
+    def _end(self, *_) -> None:
         if self._started is None:
             return
         self.seconds += time.perf_counter() - self._started
