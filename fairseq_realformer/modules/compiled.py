@@ -22,8 +22,8 @@ and the analysis tool's capture (both in eval mode) and ADMIN's profiling pass (
 statistics out of the forward) run eager. Under ``--checkpoint-activations`` the layers run eager
 too: fairseq's checkpoint wrapper replaces the layer's forward with its own autograd Function.
 
-On a CPU compiled layers trained slower than eager ones (0.80-0.85x in a probe, and
-benchmarks/RESULTS.md): the switch is off by default everywhere until a GPU run says otherwise.
+On a CPU compiled layers train slower than eager ones (benchmarks/RESULTS.md, "Compiled
+layers"): the switch is off by default everywhere until a GPU run says otherwise.
 """
 
 import atexit
