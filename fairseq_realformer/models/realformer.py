@@ -182,14 +182,14 @@ class RealformerDecoder(TransformerDecoderBase):
             padding_mask = encoder_out["encoder_padding_mask"][0]
 
         x, tokens = self._embed_targets(prev_output_tokens, incremental_state)
-        self_attn_padding_mask = None
+        runs_compiled = compiled.stack_runs_compiled(self.layers)
+        padding = tokens.eq(self.padding_idx)
         # compiled layers always take the mask (as the encoder's)
-        if compiled.stack_runs_compiled(self.layers) or tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = tokens.eq(self.padding_idx)
+        self_attn_padding_mask = padding if runs_compiled or padding.any() else None
         self_attn_mask = None
         if incremental_state is None and not full_context_alignment:
             self_attn_mask = self.buffered_future_mask(x)
-            if compiled.stack_runs_compiled(self.layers):  # a view of a buffer that grows: its stride would be a guard
+            if runs_compiled:  # a view of a buffer that grows: its stride would be a guard
                 self_attn_mask = self_attn_mask.clone()
 
         attn: Optional[Tensor] = None
