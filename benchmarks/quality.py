@@ -456,12 +456,12 @@ class Runner:
         env = dict(os.environ, EPOCHS=str(self.args.epochs))
         if self.args.jobs > 1:
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        print(f"[quality {time.strftime('%H:%M:%S')}] start {variant} seed {seed}: {run_dir}", flush=True)
         start = time.time()
         with open(run_dir / "recipe.log", "a") as log:
             with self.lock:
-                if self.stopping:
+                if self.stopping:  # a stop came while this run was queued: nothing starts, nothing said
                     return "stopped"
+                print(f"[quality {time.strftime('%H:%M:%S')}] start {variant} seed {seed}: {run_dir}", flush=True)
                 process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 keep_niceness(process.pid)
                 self.running.add(process)

@@ -333,6 +333,23 @@ def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, 
     assert trained == [("pre-ln lr=0.004", 2), ("admin lr=0.002", 2), ("pre-ln lr=0.004", 3), ("admin lr=0.002", 3)]
 
 
+def test_a_stopped_runner_starts_no_queued_run_and_does_not_say_it_did(tmp_path, capsys, monkeypatch):
+    """After Ctrl-C, a run still queued in the pool returns "stopped": no recipe starts and no
+    "start" line is printed (the log must not claim a run that never began)."""
+    quality = _load("quality")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    args = quality.parse_args(["--data", str(data), "--out", str(tmp_path / "out"), "--variants", "admin"])
+    (tmp_path / "bin").mkdir()
+    started = []
+    monkeypatch.setattr(quality.subprocess, "Popen", lambda *a, **k: started.append(a))
+    runner = quality.Runner(args, tmp_path)
+    runner.stop(quality.signal.SIGINT, None)
+    assert runner.run(args.configs[0], 1) == "stopped"
+    assert started == [] and " start " not in capsys.readouterr().out
+
+
 def test_fairseq_log_reads_its_stats_lines_in_both_log_formats():
     """benchmarks/fairseq_log.py, the one reader of fairseq-train's log: the same numbers from
     --log-format simple and json, json's train_/valid_ prefixes dropped, NaN kept, other lines None."""
