@@ -28,7 +28,7 @@ setup(
     ],
     extras_require={
         "fairseq": ["ve-fairseq==0.12.3", "torchaudio==2.11.0"],
-        "test": ["pytest>=7", "ruff==0.17.6", "scipy"],
+        "test": ["pytest>=7", "pytest-xdist>=3.6", "ruff==0.17.6", "scipy"],
     },
     entry_points={
         "console_scripts": [

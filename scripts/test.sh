@@ -16,4 +16,6 @@ cd "$root"
 # The style first (pyproject.toml): lint, then the formatter's check. `ruff format .` fixes the second.
 "$venv/bin/ruff" check --quiet .
 "$venv/bin/ruff" format --check --quiet . || { echo "test.sh: run '$venv/bin/ruff format .' (the files above are not formatted)" >&2; exit 1; }
-exec "$venv/bin/python" -m pytest "$@"  # pytest.ini: testpaths = tests
+# Two processes, a test module each at a time (fixtures are per module), the longest first
+# (tests/conftest.py); REALFORMER_TEST_WORKERS=0, or -n 0, runs it in this one.
+exec "$venv/bin/python" -m pytest -n "${REALFORMER_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"  # pytest.ini: testpaths = tests

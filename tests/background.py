@@ -1,7 +1,8 @@
-"""Work that a test module needs and that can run beside the rest of the suite: the suite's
-tests use one thread (OMP_NUM_THREADS=1), so on 2 cores a second one is mostly free. A module
-lists its jobs in ``BACKGROUND``; tests/conftest.py starts them once pytest knows that a test of
-that module will run, and its fixtures wait for their results (or run them then, if not started).
+"""Work that a test module needs and that can run beside its other tests. A module lists its jobs
+in ``BACKGROUND``; its fixtures wait for a job's result, or run the job then if it has not started.
+In one process (``-n 0``), whose tests use one thread (OMP_NUM_THREADS=1), tests/conftest.py starts
+the jobs as soon as pytest knows that a test of their module will run, so that they use the second
+core; under pytest-xdist, where every worker collects every module, a job starts when a test asks.
 """
 
 import os

@@ -1,18 +1,39 @@
-"""Starts the background jobs of the test modules that will run (tests/background.py), and runs
-those modules last, so that the rest of the suite runs while their jobs do."""
+"""The order the suite runs in, and the background jobs of the test modules that will run
+(tests/background.py).
+
+- In one process (``-n 0``): the modules with background jobs run last and their jobs start as
+  soon as the tests are collected, so that the rest of the suite runs while they do.
+- Under pytest-xdist (scripts/test.sh: ``-n 2 --dist loadfile --no-loadscope-reorder``): a module
+  is one worker's unit of work and the longest go first (``RUN_SECONDS``, a module's own estimate),
+  so that the short ones fill in beside them instead of one long module running alone at the end.
+  Every worker collects every module, so a job starts only when one of its tests asks for it.
+"""
+
+
+def _module(item):
+    return getattr(item, "module", None)
 
 
 def _jobs(items):
-    modules = {item.module for item in items if getattr(item, "module", None) is not None}
+    modules = {_module(item) for item in items if _module(item) is not None}
     return [job for module in modules for job in getattr(module, "BACKGROUND", ())]
 
 
+def _under_xdist(config):
+    return hasattr(config, "workerinput")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    # stable: each group keeps pytest's order
-    items.sort(key=lambda item: bool(getattr(getattr(item, "module", None), "BACKGROUND", ())))
+    # stable sorts: each group keeps pytest's order
+    if _under_xdist(config):
+        items.sort(key=lambda item: -getattr(_module(item), "RUN_SECONDS", 0))
+    else:
+        items.sort(key=lambda item: bool(getattr(_module(item), "BACKGROUND", ())))
 
 
 def pytest_collection_finish(session):
+    if _under_xdist(session.config):
+        return
     for job in _jobs(session.items):
         job.start()
 

@@ -29,6 +29,7 @@ def measure(job):
 # a few minutes of tracing and compiling, one thread: beside the rest of the suite (tests/background.py)
 STEPS = Job(measure)
 BACKGROUND = [STEPS]
+RUN_SECONDS = 200  # on 2 busy cores (2026-11-27), nearly all of it STEPS: tests/conftest.py starts it early
 # the layers of a kind share graphs: with 3 layers a stack, one graph for its first layer (nothing
 # carried in), one for the others, and one more for the decoder's alignment layer (it returns its
 # probabilities)

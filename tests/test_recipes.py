@@ -21,6 +21,7 @@ from .helpers import REPO, build_model, parse_args
 from .test_compat import FIXTURES
 
 MULTI30K = Path(REPO).parent / "shared" / "data" / "multi30k"
+RUN_SECONDS = 300  # on 2 busy cores (2026-11-27), half of it the real-data study: tests/conftest.py starts it first
 
 average_checkpoints = load_script("average_checkpoints")
 score = load_script("score")

@@ -404,6 +404,8 @@ def test_train_runs_two_cpu_ranks_that_really_train(en_de, tmp_path):
         "0",
         "--cpu-procs",
         "2",
+        "--master-port",  # not train.sh's default: a run beside it (another test worker) may hold that one
+        cli.free_port(),
         "--data",
         en_de["root"] / "bin",
         "--save-dir",
