@@ -142,7 +142,7 @@ PRESETS = {
 }
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="work folder (default: runs/quality-SRC-TGT-PRESET)")
     p.add_argument(
@@ -206,12 +206,42 @@ def parse_args(argv=None):
         help="the machine, for the figures' titles and the JSON (default: %(default)s)",
     )
     multi30k_args.add(p, DEFAULT_VARIANTS)
+    return p
+
+
+def comma_ints(p, flag, given, example):
+    try:
+        return sorted({int(s) for s in given.split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--{flag} {given}: expected a comma list of integers, e.g. {example}")
+
+
+def check_best_seeds(p, args):
+    """--best-seeds and --best-variants: the further seeds of a sweep, and for which variants."""
+    args.best_seeds = []
+    if args.best_variants is not None and args.best_seeds_given is None:
+        p.error("--best-variants: only with --best-seeds")
+    if args.best_seeds_given is None:
+        return
+    args.best_seeds = comma_ints(p, "best-seeds", args.best_seeds_given, "2,3")
+    if not args.sweep:
+        p.error("--best-seeds: needs several --lr to choose from")
+    if args.best_variants is not None:
+        args.best_variants = [v.strip() for v in args.best_variants.split(",") if v.strip()]
+        unknown = [v for v in args.best_variants if v not in args.variants]
+        if unknown or not args.best_variants:
+            p.error(f"--best-variants {','.join(unknown)}: give some of --variants ({','.join(args.variants)})")
+    if set(args.best_seeds) & set(args.seeds):
+        p.error(
+            f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, args.seeds))}"
+        )
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     multi30k_args.check(p, args)
-    try:
-        args.seeds = sorted({int(s) for s in args.seeds.split(",") if s.strip()})
-    except ValueError:
-        p.error(f"--seeds {args.seeds}: expected a comma list of integers, e.g. 1,2,3")
+    args.seeds = comma_ints(p, "seeds", args.seeds, "1,2,3")
     if not args.seeds:
         p.error("--seeds: give at least one seed")
     for flag in ("jobs", "epochs", "warmup", "layers"):
@@ -245,25 +275,7 @@ def parse_args(argv=None):
         for lr in lrs
     ]
     args.sweep, args.lr, args.lrs = sweep, None if sweep else lrs[0], lrs
-    args.best_seeds = []
-    if args.best_variants is not None and args.best_seeds_given is None:
-        p.error("--best-variants: only with --best-seeds")
-    if args.best_seeds_given is not None:
-        try:
-            args.best_seeds = sorted({int(s) for s in args.best_seeds_given.split(",") if s.strip()})
-        except ValueError:
-            p.error(f"--best-seeds {args.best_seeds_given}: expected a comma list of integers, e.g. 2,3")
-        if not sweep:
-            p.error("--best-seeds: needs several --lr to choose from")
-        if args.best_variants is not None:
-            args.best_variants = [v.strip() for v in args.best_variants.split(",") if v.strip()]
-            unknown = [v for v in args.best_variants if v not in args.variants]
-            if unknown or not args.best_variants:
-                p.error(f"--best-variants {','.join(unknown)}: give some of --variants ({','.join(args.variants)})")
-        if set(args.best_seeds) & set(args.seeds):
-            p.error(
-                f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, args.seeds))}"
-            )
+    check_best_seeds(p, args)
     args.epochs = args.epochs or preset.epochs
     args.layers = args.layers or preset.layers
     args.warmup = preset.warmup if args.warmup is None else args.warmup
@@ -670,6 +682,60 @@ def describe(args):
     )
 
 
+def write_figures(args, runs, compared, compared_labels):
+    """The sweep's figure (test BLEU against rate, --beside another depth's) and quality_report's
+    figures of each variant at its best rate; their paths."""
+    stem = Path(args.json).stem if args.json else f"quality-{args.pair}-{args.preset_name}"
+    paths = []
+    if args.sweep:
+        beside = None
+        if args.beside:
+            other = json.loads(Path(args.beside).read_text())
+            beside = (other["runs"], "{0}+{0} layers".format(other["settings"]["layers"]))
+        layers = args.layers or args.preset.layers
+        paths.append(
+            quality_report.sweep_figure(
+                runs,
+                args.variants,
+                args.lrs,
+                Path(args.figures),
+                stem,
+                describe(args),
+                beside,
+                f"{layers}+{layers} layers",
+            )
+        )
+    if compared:
+        paths += quality_report.figures(
+            compared, compared_labels, Path(args.figures), stem + ("-best" if args.sweep else ""), describe(args)
+        )
+    return paths
+
+
+def write_json(args, argv, runs, best, found, across_seeds):
+    """--json: the study with its translations committed beside it (hypotheses' local paths dropped)."""
+    json_path = Path(args.json)
+    quality_report.write_translations(runs, json_path.parent / json_path.stem, REPO, args.target_lang)
+    for run in runs:
+        for score in quality_report.scored_sets(run).values():
+            del score["hypotheses"]  # local paths; `translations` is the committed copy
+    labels = [config.label for config in args.configs]
+    result = {
+        "what": describe(args),
+        "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "machine": args.machine,
+        "date": datetime.date.today().isoformat(),
+        "settings": settings(args),
+        "runs": runs,
+        **({"best": best} if args.sweep else {}),
+        "comparisons": found,
+        "seed_comparisons": across_seeds,
+        "summary": quality_report.summary(runs, labels),
+    }
+    json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    print(f"[quality] wrote {json_path}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     recorded = recorded_runs(args)
@@ -701,53 +767,10 @@ def main(argv=None):
         )
         print(quality_report.table(compared, compared_labels, found, title, across_seeds), flush=True)
     if args.figures:
-        stem = Path(args.json).stem if args.json else f"quality-{args.pair}-{args.preset_name}"
-        paths = []
-        if args.sweep:
-            beside = None
-            if args.beside:
-                other = json.loads(Path(args.beside).read_text())
-                beside = (other["runs"], "{0}+{0} layers".format(other["settings"]["layers"]))
-            layers = args.layers or args.preset.layers
-            paths.append(
-                quality_report.sweep_figure(
-                    runs,
-                    args.variants,
-                    args.lrs,
-                    Path(args.figures),
-                    stem,
-                    describe(args),
-                    beside,
-                    f"{layers}+{layers} layers",
-                )
-            )
-        if compared:
-            paths += quality_report.figures(
-                compared, compared_labels, Path(args.figures), stem + ("-best" if args.sweep else ""), describe(args)
-            )
-        for path in paths:
+        for path in write_figures(args, runs, compared, compared_labels):
             print(f"[quality] figure: {path}")
     if args.json:
-        json_path = Path(args.json)
-        quality_report.write_translations(runs, json_path.parent / json_path.stem, REPO, args.target_lang)
-        for run in runs:
-            for score in quality_report.scored_sets(run).values():
-                del score["hypotheses"]  # local paths; `translations` is the committed copy
-        labels = [config.label for config in args.configs]
-        result = {
-            "what": describe(args),
-            "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-            "machine": args.machine,
-            "date": datetime.date.today().isoformat(),
-            "settings": settings(args),
-            "runs": runs,
-            **({"best": best} if args.sweep else {}),
-            "comparisons": found,
-            "seed_comparisons": across_seeds,
-            "summary": quality_report.summary(runs, labels),
-        }
-        json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-        print(f"[quality] wrote {json_path}")
+        write_json(args, argv, runs, best, found, across_seeds)
 
 
 if __name__ == "__main__":
