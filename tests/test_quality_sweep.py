@@ -341,7 +341,6 @@ def test_a_stopped_runner_starts_no_queued_run_and_does_not_say_it_did(tmp_path,
     data.mkdir()
     (data / "train.en.gz").touch()
     args = quality.parse_args(["--data", str(data), "--out", str(tmp_path / "out"), "--variants", "admin"])
-    (tmp_path / "bin").mkdir()
     started = []
     monkeypatch.setattr(quality.subprocess, "Popen", lambda *a, **k: started.append(a))
     runner = quality.Runner(args, tmp_path)
