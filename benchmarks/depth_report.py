@@ -10,11 +10,11 @@ nothing; it reads the studies' JSONs and their committed translations.
    bootstrap seed by seed and the exact permutation test across seeds for realformer − admin,
    realformer − pre-ln and admin − pre-ln (quality_report's table and tests, as quality.py reports
    a study).
-2. Depth against depth: each variant's deeper test BLEU against the shallowest study's, the
+2. Depth against depth: each variant's deeper test BLEU against every shallower study's, the
    difference of the means and its permutation p where both have two seeds or more.
 3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line.
 
-A study's depth is its settings' layers; the shallowest is what the others are compared against.
+A study's depth is its settings' layers; each is compared with every shallower one.
 A study not there yet, or seeds its settings ask for that are not in, are said in a line. The
 references are the JSON's paths, or the file of that name in --data.
 """
@@ -137,36 +137,36 @@ def depth_section(study, path):
 
 
 def across_depths(studies, test_name):
-    """Each variant of each deeper study against the shallowest: test BLEU means, their difference,
-    and the permutation test where both have two seeds or more."""
-    base, deeper = studies[0], studies[1:]
-    name = f"{base['layers']}+{base['layers']}"
+    """Each variant of each deeper study against every shallower one: test BLEU means, their
+    difference, and the permutation test where both have two seeds or more."""
 
     def with_seeds(study, variant):
         rate = next(r["lr"] for r in study["compared"] if r["variant"] == variant)
         n = len(scores(study, variant, test_name))
         return f"{quality_report.cell(scores(study, variant, test_name))} (lr {rate:g}, {n} seed{'s' * (n > 1)})"
 
-    lines = [
-        f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth",
-        "",
-        f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
-        "where both depths have 2 seeds or more.",
-        "",
-        f"| variant | layers | test BLEU | {name} test BLEU | Δ mean BLEU | permutation p |",
-        "|---|---|---|---|---|---|",
-    ]
-    for study in deeper:
-        for variant in base["settings"]["variants"]:
-            deep, shallow = scores(study, variant, test_name), scores(base, variant, test_name)
-            if not deep or not shallow:
-                continue
-            delta, p_value, splits = quality_report.permutation_test(deep, shallow)
-            p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
-            lines.append(
-                f"| {variant} | {study['layers']}+{study['layers']} | {with_seeds(study, variant)} "
-                f"| {with_seeds(base, variant)} | {delta:+.2f} | {p_cell} |"
-            )
+    lines = [f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth"]
+    for index, base in enumerate(studies[:-1]):
+        name = f"{base['layers']}+{base['layers']}"
+        lines += [
+            "",
+            f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
+            "where both depths have 2 seeds or more.",
+            "",
+            f"| variant | layers | test BLEU | {name} test BLEU | Δ mean BLEU | permutation p |",
+            "|---|---|---|---|---|---|",
+        ]
+        for study in studies[index + 1 :]:
+            for variant in base["settings"]["variants"]:
+                deep, shallow = scores(study, variant, test_name), scores(base, variant, test_name)
+                if not deep or not shallow:
+                    continue
+                delta, p_value, splits = quality_report.permutation_test(deep, shallow)
+                p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
+                lines.append(
+                    f"| {variant} | {study['layers']}+{study['layers']} | {with_seeds(study, variant)} "
+                    f"| {with_seeds(base, variant)} | {delta:+.2f} | {p_cell} |"
+                )
     return "\n".join(lines)
 
 

@@ -98,6 +98,24 @@ def test_means_spreads_and_permutation_p_of_three_seeds_are_the_hand_computed_on
     assert "not yet" not in out.lower() and "1 seed" not in out
 
 
+def test_the_deepest_study_is_compared_with_every_shallower_one(tmp_path, capsys):
+    """18+18 against 4+4 and against 12+12, each with its own hand-computed p."""
+    four = {"admin": {1: 36.0, 2: 37.0, 3: 38.0}}
+    twelve = {"admin": {1: 35.0, 2: 36.0, 3: 37.0}}
+    eighteen = {"admin": {1: 30.0, 2: 31.0, 3: 35.5}}
+    studies = [_study(tmp_path, layers, bleu) for layers, bleu in ((4, four), (12, twelve), (18, eighteen))]
+    out = _report(capsys, *studies, "--figure", tmp_path / "depth.png")
+    across = out[out.index("### Depth against depth") :]
+    assert across.count("| variant | layers | test BLEU | 4+4 test BLEU |") == 1
+    assert across.count("| variant | layers | test BLEU | 12+12 test BLEU |") == 1
+    deepest = "| admin | 18+18 | 32.17 ± 2.93 (lr 0.002, 3 seeds) | "
+    # against 4+4 (37 ± 1): -4.83; of the 20 splits only the observed one and its mirror are as far apart
+    assert f"{deepest}37.00 ± 1.00 (lr 0.002, 3 seeds) | -4.83 | 0.100 (20 splits) |" in across
+    # against 12+12 (35, 36, 37): a sum of three of 96.5 or less is the observed split {30, 31, 35.5} and
+    # {30, 31, 35}; with their mirrors, 4 of 20
+    assert f"{deepest}36.00 ± 1.00 (lr 0.002, 3 seeds) | -3.83 | 0.200 (20 splits) |" in across
+
+
 def test_a_missing_study_and_missing_seeds_are_said_in_a_line(tmp_path, capsys):
     shallow = {variant: {1: 36.0, 2: 37.0, 3: 38.0} for variant in ("pre-ln", "admin", "realformer")}
     deep = {"pre-ln": {1: 36.5, 2: 38.5}, "admin": {1: 35.0, 2: 36.0, 3: 37.0}, "realformer": {1: 38.0}}
