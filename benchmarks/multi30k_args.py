@@ -5,7 +5,7 @@ from pathlib import Path
 from repo import MULTI30K, VARIANTS, parse_variants
 
 
-def add(parser, default_variants: str) -> None:
+def add(parser, default_variants: str, also=()) -> None:
     parser.add_argument(
         "--data",
         default=str(MULTI30K),
@@ -14,15 +14,16 @@ def add(parser, default_variants: str) -> None:
     parser.add_argument(
         "--variants",
         default=default_variants,
-        help=f"comma list of {', '.join(VARIANTS)} (fairseq_realformer/variants.py; default: %(default)s)",
+        help=f"comma list of {', '.join([*also, *VARIANTS])} (fairseq_realformer/variants.py; default: %(default)s)",
     )
     parser.add_argument("--json", help="also write the results here")
 
 
-def check(parser, args) -> None:
-    """Turn --variants into a list; a one-line parser error for an unknown variant or data folder."""
+def check(parser, args, also=()) -> None:
+    """Turn --variants into a list (of the plugin's variants, or of *also*); a one-line parser error
+    for an unknown variant or data folder."""
     try:
-        args.variants = parse_variants(args.variants)
+        args.variants = parse_variants(args.variants, also=also)
     except ValueError as e:
         parser.error(str(e))
     if not (Path(args.data) / "train.en.gz").exists():

@@ -49,12 +49,14 @@ VARIANTS = {
 }
 
 
-def parse(names: str, flag: str = "--variants"):
-    """The comma list *names* as a list of variant names; ValueError naming the unknown ones."""
+def parse(names: str, flag: str = "--variants", also=()):
+    """The comma list *names* as a list of variant names (of VARIANTS, or of *also*: a caller's own,
+    such as a benchmark's fairseq); ValueError naming the unknown ones."""
+    known = [*also, *VARIANTS]
     chosen = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in chosen if name not in VARIANTS]
+    unknown = [name for name in chosen if name not in known]
     if unknown or not chosen:
-        raise ValueError(f"{flag}: unknown {', '.join(unknown) or 'nothing given'}; choose from {', '.join(VARIANTS)}")
+        raise ValueError(f"{flag}: unknown {', '.join(unknown) or 'nothing given'}; choose from {', '.join(known)}")
     return chosen
 
 

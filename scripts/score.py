@@ -6,7 +6,12 @@
 - tokenized compound-split BLEU, as fairseq computes its WMT'14 En-De numbers
   (scripts/compound_split_bleu.sh): fairseq-generate's tokenized hypotheses (H lines) and
   references (T lines), BPE removed, hyphenated compounds split as "a ##AT##-##AT## b", then
-  BLEU with no further tokenization (sacrebleu tokenize=none, as multi-bleu.perl).
+  BLEU with no further tokenization (sacrebleu tokenize=none, as multi-bleu.perl). With
+  --tokenized-bleu plain, compounds are not split: multi-bleu's number on the tokenized text, as
+  the Multi30k literature reports it (--tokenized-reference then names its tokenized reference).
+
+--lowercase scores sacreBLEU case-insensitively (its signature says case:lc): for a model trained
+on lowercased text, whose output has no case to compare.
 
     python scripts/score.py --data data-bin/wmt14_en_de --checkpoint checkpoints/avg.pt \\
         --source-lang en --target-lang de --reference newstest2014.de --bpe subword_nmt --detok moses
@@ -207,13 +212,19 @@ def moses(lang):
     return MosesTokenizer(lang=lang), MosesDetokenizer(lang=lang)
 
 
-def bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok):
+def bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok, lowercase=False, split=True):
     from sacrebleu.metrics import BLEU
 
-    sacre = BLEU()
+    sacre = BLEU(lowercase=lowercase)
     tokenized = BLEU(tokenize="none", force=True)  # force: the input is tokenized on purpose
-    split = tokenized.corpus_score([split_compounds(h) for h in hyp_tok], [[split_compounds(r) for r in ref_tok]])
-    return (sacre.corpus_score(hyp_detok, [ref_raw]), sacre.get_signature(), split, tokenized.get_signature())
+    if split:
+        hyp_tok, ref_tok = [split_compounds(h) for h in hyp_tok], [split_compounds(r) for r in ref_tok]
+    return (
+        sacre.corpus_score(hyp_detok, [ref_raw]),
+        sacre.get_signature(),
+        tokenized.corpus_score(hyp_tok, [ref_tok]),
+        tokenized.get_signature(),
+    )
 
 
 def write_lines(path, lines):
@@ -247,6 +258,20 @@ def parse_args(argv):
         default="moses",
         help="detokenizer for the BPE-free hypotheses (default %(default)s)",
     )
+    parser.add_argument(
+        "--tokenized-bleu",
+        choices=["compound-split", "plain"],
+        default="compound-split",
+        help="the tokenized BLEU: compounds split as fairseq's WMT'14 En-De numbers, or plain (multi-bleu's; "
+        "default %(default)s)",
+    )
+    parser.add_argument(
+        "--tokenized-reference",
+        metavar="FILE",
+        help="the tokenized reference of the tokenized BLEU, one line per sentence (default: fairseq-generate's "
+        "T lines, which show <<unk>> for a word out of the dictionary)",
+    )
+    parser.add_argument("--lowercase", action="store_true", help="sacreBLEU case-insensitive (case:lc)")
     parser.add_argument(
         "--output-dir",
         help="where to write hypotheses and scores "
@@ -303,6 +328,14 @@ def main(argv=None):
     try:
         # what would otherwise fail after minutes of translation, first
         ref_raw = read_lines(args.reference, "--reference")
+        ref_tok_given = None
+        if args.tokenized_reference:
+            ref_tok_given = read_lines(args.tokenized_reference, "--tokenized-reference")
+            if len(ref_tok_given) != len(ref_raw):
+                raise UserError(
+                    f"--tokenized-reference {args.tokenized_reference} has {len(ref_tok_given)} lines, "
+                    f"--reference {args.reference} {len(ref_raw)}"
+                )
         inputs = {os.path.realpath(p) for p in (args.reference, args.hypotheses, args.generate_output) if p}
         if args.output_dir:
             check_output_dir(args.output_dir, output_names(args), inputs)
@@ -316,17 +349,26 @@ def main(argv=None):
             check_checkpoints(args.checkpoint)
         with staged(args.output_dir) if args.output_dir else contextlib.nullcontext() as stage:
             source, hyp_detok, hyp_tok, ref_tok, tok_ref_what = hypotheses_and_references(args, extra, ref_raw, stage)
+            if ref_tok_given is not None:
+                ref_tok, tok_ref_what = ref_tok_given, f"the tokenized reference {args.tokenized_reference}"
             if len(hyp_detok) != len(ref_raw):
                 raise UserError(
                     f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines"
                 )
-            sacre, sacre_sig, split, split_sig = bleu_scores(hyp_detok, ref_raw, hyp_tok, ref_tok)
+            split_compounds = args.tokenized_bleu == "compound-split"
+            sacre, sacre_sig, tok, tok_sig = bleu_scores(
+                hyp_detok, ref_raw, hyp_tok, ref_tok, lowercase=args.lowercase, split=split_compounds
+            )
+            case = ", case-insensitive" if args.lowercase else ""
             report = [
-                f"sacreBLEU: {sacre.score:.2f} ({sacre_sig}) detokenized hypotheses vs raw reference {args.reference}",
+                f"sacreBLEU: {sacre.score:.2f} ({sacre_sig}) detokenized hypotheses vs raw reference {args.reference}{case}",
                 f"  {sacre}",
-                f"compound-split BLEU: {split.score:.2f} ({split_sig}) tokenized hypotheses vs {tok_ref_what}, "
-                f"compounds split a ##AT##-##AT## b as fairseq's compound_split_bleu.sh; not comparable with sacreBLEU",
-                f"  {split}",
+                f"compound-split BLEU: {tok.score:.2f} ({tok_sig}) tokenized hypotheses vs {tok_ref_what}, "
+                f"compounds split a ##AT##-##AT## b as fairseq's compound_split_bleu.sh; not comparable with sacreBLEU"
+                if split_compounds
+                else f"tokenized BLEU: {tok.score:.2f} ({tok_sig}) tokenized hypotheses vs {tok_ref_what}, "
+                f"multi-bleu's number; not comparable with sacreBLEU",
+                f"  {tok}",
             ]
             if stage:
                 if not args.hypotheses:
@@ -337,8 +379,9 @@ def main(argv=None):
                 scores = {
                     "sacrebleu": sacre.score,
                     "sacrebleu_signature": str(sacre_sig),
-                    "compound_split_bleu": split.score,
-                    "compound_split_signature": str(split_sig),
+                    # the tokenized BLEU under its name: compound_split_bleu or tokenized_bleu
+                    f"{'compound_split' if split_compounds else 'tokenized'}_bleu": tok.score,
+                    f"{'compound_split' if split_compounds else 'tokenized'}_signature": str(tok_sig),
                     "sentences": len(hyp_detok),
                     "reference": args.reference,
                 }

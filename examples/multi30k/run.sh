@@ -11,6 +11,10 @@
 #     --tiny                            first 300 lines, tiny model (the tests)
 #     --bf16                            train and translate in bfloat16 mixed precision (CPU or GPU)
 #     --prepare-only                    stop after the data are binarised (RUN_DIR/bin)
+#     --published                       the literature's text-only recipe (Wu et al. 2021): lowercased,
+#                                       Moses-tokenised text, joint BPE 10k, 4+4 layers d=128, lr 5e-3,
+#                                       8,192 tokens an update, at most 8,000 updates, patience 10,
+#                                       average of the last 10; BLEU on the tokenised, lowercased text
 #
 # DATA_DIR holds train.L.gz, val.L.gz and test_*.L.gz (raw text, read in place; default
 # ../shared/data/multi30k from the repository root). RUN_DIR: runs/multi30k-SRC-TGT.
@@ -19,15 +23,16 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-usage() { sed -n '2,18p' "$0" | cut -c3-; exit 2; }
+usage() { sed -n '2,22p' "$0" | cut -c3-; exit 2; }
 die() { echo "run.sh: error: $*" >&2; exit 2; }
 
-tiny=0 prepare_only=0 src=en tgt=de test_sets=
+tiny=0 prepare_only=0 published=0 src=en tgt=de test_sets=
 positional=() precision=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   case "$1" in
     --tiny) tiny=1; shift ;;
     --prepare-only) prepare_only=1; shift ;;
+    --published) published=1; shift ;;
     --bf16) precision=(--bf16); shift ;;
     --source-lang|--target-lang|--test-sets)
       [ $# -ge 2 ] || die "$1 needs a value"
@@ -70,7 +75,24 @@ for name in "${sets[@]}"; do
   done
 done
 
-if [ $tiny = 1 ]; then
+[ $tiny = 0 ] || [ $published = 0 ] || die "--tiny and --published exclude each other"
+scoring=(--bpe sentencepiece --detok none)  # how score.py undoes the subwords and scores
+schedule=()  # after the recipe's own schedule, so that it wins
+if [ $published = 1 ]; then
+  # Wu et al. 2021 (LividWo/Revisit-MMT, README-baseline.md), the published 4+4 text-only baseline,
+  # on 2 GPUs of 4,096 tokens (here --update-freq 2); --clip-norm 25 is their fairseq's default
+  # (0.12's is 0). No epoch limit: 8,000 updates or 10 epochs without a better validation loss.
+  lines= epochs=${EPOCHS:-0} average=10
+  model=(--encoder-layers 4 --decoder-layers 4 --encoder-embed-dim 128 --decoder-embed-dim 128
+         --encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 4
+         --decoder-attention-heads 4 --dropout 0.3 --attention-dropout 0 --activation-dropout 0)
+  schedule=(--lr 5e-3 --warmup-updates 2000 --warmup-init-lr 1e-7 --update-freq 2 --clip-norm 25
+            --max-update 8000 --patience 10)
+  generate=()
+  # the literature's BLEU: BPE removed, tokenised lowercased output against the tokenised lowercased
+  # reference (multi-bleu's number); sacreBLEU and chrF case-insensitive on Moses-detokenised output
+  scoring=(--bpe subword_nmt --detok moses --lowercase --tokenized-bleu plain)
+elif [ $tiny = 1 ]; then
   lines=300 vocab=1000 epochs=${EPOCHS:-2} average=2
   model=(--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32
          --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64)
@@ -90,14 +112,19 @@ if [ -e "$run/test-sets" ] && [ "$(cat "$run/test-sets")" != "$test_sets" ]; the
   die "$run was prepared for the test sets $(cat "$run/test-sets"), not $test_sets: choose another RUN_DIR"
 fi
 echo "$test_sets" > "$run/test-sets"
-say "$src -> $tgt, data $data, output in $run, $arch, $epochs epochs${lines:+, first $lines lines}${precision[@]+, bfloat16 mixed precision}; test sets ${sets[*]}"
+say "$src -> $tgt, data $data, output in $run, $arch, $([ "$epochs" = 0 ] && echo "no epoch limit" || echo "$epochs epochs")${lines:+, first $lines lines}$([ $published = 1 ] && echo ", the published recipe" || true)${precision[@]+, bfloat16 mixed precision}; test sets ${sets[*]}"
 
 say "1/5 set-up: scripts/setup_env.sh"
 "$root/scripts/setup_env.sh"
 bin=${REALFORMER_VENV:-$root/.venv}/bin
 py=$bin/python
 
-if [ -e "$run/bin/dict.$tgt.txt" ]; then say "2/5 subwords + binarize: $run/bin exists, skipped"; else
+if [ -e "$run/bin/dict.$tgt.txt" ]; then say "2/5 subwords + binarize: $run/bin exists, skipped"
+elif [ $published = 1 ]; then
+  say "2/5 text + subwords + binarize: lowercase, Moses normalise + tokenise, joint BPE (10,000 merges), fairseq-preprocess"
+  PATH="$bin:$PATH" PYTHON="$py" "$root/examples/multi30k/prepare-lc-bpe.sh" --source-lang $src --target-lang $tgt \
+    --test-sets "$test_sets" "$data" "$run/lc-bpe" "$run/bin"
+else
   say "2/5 subwords + binarize: joint sentencepiece BPE ($vocab) on the raw training text, then fairseq-preprocess"
   testprefs=$(printf "$data/%s," "${sets[@]}")
   "$py" "$root/scripts/binarize.py" --source-lang $src --target-lang $tgt --trainpref "$data/train" \
@@ -116,6 +143,7 @@ if [ -e "$ckpt/train.done" ]; then say "3/5 train: $ckpt/train.done exists, skip
     --warmup-updates 1000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --max-tokens 4096 --max-epoch "$epochs" --keep-last-epochs "$average" --save-dir "$ckpt" --seed 1 \
     --log-format simple --log-interval 50 --no-progress-bar ${precision[@]+"${precision[@]}"} \
+    ${schedule[@]+"${schedule[@]}"} \
     ${train_extra[@]+"${train_extra[@]}"} \
     2>&1 | tee -a "$run/train.log"
   touch "$ckpt/train.done"
@@ -140,8 +168,10 @@ for i in "${!splits[@]}"; do
   fi
   if [ -e "$out/scores.txt" ]; then say "5/5 translate + score $name: $out exists, skipped"; continue; fi
   say "5/5 translate $name (beam 5) and score it"
+  tokenized=()
+  [ $published = 0 ] || tokenized=(--tokenized-reference "$run/bin/tok/$subset.$tgt")
   "$py" "$root/scripts/score.py" --data "$run/bin" --checkpoint "$ckpt/checkpoint_avg.pt" --gen-subset "$subset" \
-    --source-lang $src --target-lang $tgt --reference "$reference" --bpe sentencepiece --detok none \
+    --source-lang $src --target-lang $tgt --reference "$reference" "${scoring[@]}" ${tokenized[@]+"${tokenized[@]}"} \
     --beam 5 --lenpen 1.0 --output-dir "$out" ${generate[@]+"${generate[@]}"} ${precision[@]+"${precision[@]}"} > /dev/null
 done
 

@@ -11,6 +11,10 @@
 #   PREP_DEFAULT DEST_DEFAULT
 #   EXTRA_USAGE          the caller's own options, for --help
 #
+# A caller that brings its own tokenised text (examples/multi30k/prepare-lc-bpe.sh) uses the steps
+# from learn_and_apply_bpe on, with TMP, PREP, DEST, TRAIN, BPE_TOKENS, WORKERS and USER_DIR set, and
+# EVAL_SETS naming its evaluation sets (default: valid test; more test sets: test1, test2, ...).
+#
 # Every step writes its outputs under a temporary name and renames them when complete; a step
 # whose outputs exist is skipped. Inputs (archives, --raw-dir) are only read.
 
@@ -250,7 +254,7 @@ learn_and_apply_bpe() {
         mv "$BPE_CODE.part" "$BPE_CODE"
     fi
     local set l in
-    for set in train valid test; do
+    for set in train "${EVAL_SETS[@]}"; do
         for l in "$SRC" "$TGT"; do
             if [ "$set" = train ]; then in="$TRAIN.$l"; else in="$TMP/$set.$l"; fi
             if have "$TMP/bpe.$set.$l"; then skip "BPE already applied: $TMP/bpe.$set.$l"; continue; fi
@@ -277,12 +281,15 @@ clean_or_copy() {  # clean_or_copy SET clean|copy
 }
 
 binarize() {
-    local last="$DEST/test.$SRC-$TGT.$TGT.idx"  # fairseq-preprocess writes it last
+    local tests=("${EVAL_SETS[@]:1}")  # after valid: test, test1, ... (fairseq-preprocess's names)
+    local last="$DEST/${tests[-1]}.$SRC-$TGT.$TGT.idx"  # fairseq-preprocess writes it last
     if have "$last" "$DEST/dict.$SRC.txt"; then skip "binarised data exist: $DEST"; return; fi
     say "binarise with a joined dictionary: $DEST"
     rm -rf "$DEST.part"
+    local testpref
+    testpref=$(printf "$PREP/%s," "${tests[@]}")
     fairseq-preprocess --user-dir "$USER_DIR" --source-lang "$SRC" --target-lang "$TGT" \
-        --trainpref "$PREP/train" --validpref "$PREP/valid" --testpref "$PREP/test" \
+        --trainpref "$PREP/train" --validpref "$PREP/valid" --testpref "${testpref%,}" \
         --destdir "$DEST.part" --joined-dictionary --workers "$WORKERS"
     mkdir -p "$DEST"
     mv "$DEST.part"/* "$DEST"/
@@ -291,6 +298,7 @@ binarize() {
 
 prepare_main() {
     parse_args "$@"
+    EVAL_SETS=(valid test)
     if [ -n "$RAW_DIR" ]; then
         RAW="$RAW_DIR"
         say "raw files from $RAW (no download)"

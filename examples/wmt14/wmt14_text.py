@@ -23,6 +23,7 @@ CHUNK = 2000  # lines per task handed to a worker: large enough to hide the pool
 
 _normalize = None  # per-worker state, built once by _init_worker
 _tokenizer = None
+_lc_norm_tok = False
 _NON_PRINTING = regex.compile(r"\p{C}")
 
 
@@ -35,15 +36,20 @@ def open_text(path, mode="r"):
     return open(path, mode, encoding="utf-8", errors="replace", newline="\n")
 
 
-def _init_worker(lang, training):
-    global _normalize, _tokenizer
+def _init_worker(lang, training, lc_norm_tok=False):
+    global _normalize, _tokenizer, _lc_norm_tok
     # perl_parity: the same rules as normalize-punctuation.perl, which fairseq's recipe runs
-    _normalize = MosesPunctNormalizer(lang=lang, perl_parity=True).normalize if training else None
+    _normalize = MosesPunctNormalizer(lang=lang, perl_parity=True).normalize if training or lc_norm_tok else None
     _tokenizer = MosesTokenizer(lang=lang)
+    _lc_norm_tok = lc_norm_tok
 
 
 def _tokenize_line(line):
     line = line.rstrip("\n")
+    if _lc_norm_tok:
+        # Multi30k's "lc.norm.tok" release: lowercase.perl | normalize-punctuation.perl -l L |
+        # tokenizer.perl -l L, every split alike: no non-printing removal, no -a
+        return _tokenizer.tokenize(_normalize(line.lower()), return_str=True, escape=True)
     if _normalize is not None:
         # normalize-punctuation.perl | remove-non-printing-char.perl
         line = _NON_PRINTING.sub(" ", _normalize(line))
@@ -69,12 +75,12 @@ def _chunks(lines):
         yield chunk
 
 
-def tokenize_file(src, dst, lang, training, workers):
+def tokenize_file(src, dst, lang, training, workers, lc_norm_tok=False):
     """Tokenise one file in order with *workers* processes, streaming (bounded memory)."""
     count = 0
     with open_text(src) as fin, open_text(dst + ".part", "w") as fout:
         ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(lang, training)) as pool:
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(lang, training, lc_norm_tok)) as pool:
             for chunk in pool.imap(_tokenize_chunk, _chunks(fin), chunksize=1):
                 for line in chunk:
                     fout.write(line + "\n")
@@ -88,7 +94,7 @@ def cmd_tokenize(args):
     counts = {}
     for lang in args.langs:
         src, dst = f"{args.prefix}.{lang}", f"{args.out}.{lang}"
-        counts[lang] = tokenize_file(src, dst, lang, not args.test, args.workers)
+        counts[lang] = tokenize_file(src, dst, lang, not args.test, args.workers, args.lc_norm_tok)
         print(f"  {src}: {counts[lang]} lines", file=sys.stderr)
     if len(set(counts.values())) != 1:
         for lang in args.langs:
@@ -181,6 +187,11 @@ def main(argv=None):
     p.add_argument("--langs", nargs=2, required=True, metavar=("L1", "L2"))
     p.add_argument(
         "--test", action="store_true", help="a dev/test set: no punctuation normalisation, as fairseq's recipe"
+    )
+    p.add_argument(
+        "--lc-norm-tok",
+        action="store_true",
+        help="as Multi30k's lc.norm.tok release: lowercase, normalise punctuation, tokenise (no -a), any split",
     )
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.set_defaults(func=cmd_tokenize)

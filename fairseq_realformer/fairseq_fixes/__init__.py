@@ -39,6 +39,7 @@ from .half_precision import (
     translate_in_bf16,
 )
 from .one_line_errors import one_line_errors, remember_new_save_dir
+from .patience import resume_patience, save_patience
 from .wall_clock import restart_wall_clock
 
 SWITCH = "REALFORMER_FAIRSEQ_FIXES"
@@ -82,6 +83,9 @@ FIXES = (
     Fix(name_missing_finetune_model, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(refuse_missing_restore_file, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(restart_wall_clock, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
+    # checkpoint_utils.save_checkpoint calls it on the trainer, found on its class: no call site to check
+    Fix(save_patience, "fairseq.trainer.Trainer.save_checkpoint"),
+    Fix(resume_patience, "fairseq.checkpoint_utils.load_checkpoint", ("fairseq_cli.train.main",)),
     Fix(copy_checkpoints_whole, "fairseq.file_io.PathManager.copy", ("fairseq.checkpoint_utils.save_checkpoint",)),
     Fix(check_precision, "fairseq.trainer.Trainer.__init__", ("fairseq_cli.train.main",)),
     Fix(
