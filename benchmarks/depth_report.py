@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality_report  # noqa: E402
-from repo import MULTI30K, REPO  # noqa: E402
+from repo import MULTI30K, REPO, repo_relative  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 STUDIES = [RESULTS / f"cpu-quality-{name}-multi30k-en-de.json" for name in ("lr-sweep", "depth-12", "depth-18")]
@@ -50,11 +50,6 @@ def parse_args(argv=None):
     p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
     p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")
     return p.parse_args(argv)
-
-
-def shown(path):
-    path = Path(path).resolve()
-    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 
 
 def load(path, data):
@@ -107,7 +102,7 @@ def depth_section(study, path):
         if quality_report.is_sweep(study)
         else f"{settings['lr']:g}, the only rate trained"
     )
-    title = f"### {layers}+{layers} layers, each variant at its best rate\n\n`{shown(path)}`; peak lr {chosen}."
+    title = f"### {layers}+{layers} layers, each variant at its best rate\n\n`{repo_relative(path)}`; peak lr {chosen}."
     references = sorted({s["reference"] for r in runs for s in r["test_sets"].values()})
     absent = [ref for ref in references if not Path(ref).exists()]
     found = [] if absent else quality_report.comparisons(runs, PAIRS)
@@ -233,7 +228,7 @@ def main(argv=None):
     loaded = [(load(path, args.data), path) for path in args.studies]
     studies = sorted(((s, p) for s, p in loaded if s is not None), key=lambda sp: sp[0]["layers"])
     blocks = ["## Depth: each variant at its best rate"]
-    blocks += [f"Not there yet: `{shown(p)}` (not reported)." for s, p in loaded if s is None]
+    blocks += [f"Not there yet: `{repo_relative(p)}` (not reported)." for s, p in loaded if s is None]
     if not studies:
         raise SystemExit("depth_report.py: error: none of the studies is there")
     test_name = next(iter(studies[0][0]["compared"][0]["test_sets"]))
@@ -246,7 +241,7 @@ def main(argv=None):
     what += "" if base["settings"].get("bf16") else "; float32"  # quality.py names bf16 only
     what = machines(what, [s for s, _ in studies])
     figure = depth_figure([s for s, _ in studies], test_name, args.figure, what)
-    blocks.append(f"Figure: `{shown(figure)}`.")
+    blocks.append(f"Figure: `{repo_relative(figure)}`.")
     print("\n\n".join(blocks))
 
 

@@ -95,7 +95,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dropout_gap as gap_script  # noqa: E402
 import multi30k_args  # noqa: E402
 import quality_report  # noqa: E402
-from repo import REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
+from repo import REPO, USER_DIR, VARIANTS, VENV, repo_relative  # noqa: E402
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
 UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
@@ -589,6 +589,9 @@ def recorded_runs(args):
                 args.out.mkdir(parents=True, exist_ok=True)
                 reference.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
             score["reference"] = str(reference)
+            if "translations_tok" in score:  # the published recipe's: against the prepared tokenised reference
+                score["hypotheses_tok"] = str(REPO / score["translations_tok"])
+                score["reference_tok"] = str(REPO / score["reference_tok"])
         recorded[label, run["seed"]] = {**run, "label": label}
     return recorded
 
@@ -750,6 +753,9 @@ def write_json(args, argv, runs, best, found, across_seeds):
     for run in runs:
         for score in quality_report.scored_sets(run).values():
             del score["hypotheses"]  # local paths; `translations` is the committed copy
+            if "hypotheses_tok" in score:
+                del score["hypotheses_tok"]
+                score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
     labels = [config.label for config in args.configs]
     result = {
         "what": describe(args),
@@ -775,6 +781,8 @@ def main(argv=None):
             raise SystemExit(
                 f"quality.py: error: --report-only: {args.out} holds no study (no {args.out / 'data' / 'bin'})"
             )
+        if args.preset.recipe:  # the published recipe's comparisons read its tokenised references: prepared again
+            prepare_data(args)
     else:
         data_dir = prepare_data(args)
         run_all(args, data_dir, recorded)

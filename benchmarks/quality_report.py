@@ -5,7 +5,9 @@ their run folders:
 
 - RUN/train.log: fairseq-train's log (every attempt appended): per epoch the training line
   (num_updates, wpb, train_wall) and the validation line (loss);
-- RUN/score/TEST_SET/scores.json and the detokenised hypotheses beside it (scripts/score.py);
+- RUN/score/TEST_SET/scores.json and the detokenised hypotheses beside it (scripts/score.py); for
+  a run of the published recipe also the tokenised hypotheses, scored by the literature's BLEU
+  (multi-bleu's, on the tokenised lowercased text) against the tokenised reference it names;
 - RUN/attempts.jsonl: one line per attempt of the recipe that ended, with its wall time (an
   attempt killed with its machine or session writes none: its time is read from train.log);
 - RUN/diverged.json: where a run diverged (benchmarks/quality.py stops it there; see divergence()).
@@ -31,7 +33,12 @@ COMPARISONS = (
     ("admin", "post-ln"),
     ("post-ln-realformer", "post-ln"),
     ("post-ln-realformer", "admin"),  # does residual attention do for Post-LN what ADMIN does?
+    ("post-ln-realformer", "fairseq"),  # residual attention on fairseq's own Transformer (Post-LN)
+    ("admin", "fairseq"),
 )
+# The published recipe's reference: Wu et al. 2021 ("Good for Misconceived Reasons", ACL 2021; code
+# LividWo/Revisit-MMT, README-baseline.md), a text-only fairseq Transformer of 4+4 layers, d=128.
+PUBLISHED_BLEU = {"test_2016_flickr": 41.02}
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
 for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampling and font lookup
     logging.getLogger(_chatty).setLevel(logging.WARNING)
@@ -129,8 +136,26 @@ def unrecorded_attempts(train_log, attempts):
     ]
 
 
+_STOPPED = {  # fairseq-train's own words for why it stopped, in its log
+    "patience": "early stop since valid performance hasn't improved",
+    "max-update": "Stopping training due to num_updates",
+}
+
+
+def stopped_by(train_log):
+    """Why fairseq-train stopped (the last reason its log gives: "patience" or "max-update"); None
+    for a run that reached its epoch limit, or has not stopped."""
+    reasons = [
+        name
+        for line in (read_lines(train_log) if Path(train_log).exists() else [])
+        for name, words in _STOPPED.items()
+        if words in line
+    ]
+    return reasons[-1] if reasons else None
+
+
 def run_summary(run_dir):
-    """Updates, tokens/s, the validation curve and wall time of one run."""
+    """Updates, tokens/s, the validation curve, why it stopped and wall time of one run."""
     train, valid = training_log(run_dir / "train.log")
     epochs = sorted(train)
     updates = int(train[epochs[-1]]["num_updates"]) if epochs else 0
@@ -156,16 +181,20 @@ def run_summary(run_dir):
         "valid_curve": curve,
         "wall_s": round(sum(a["wall_s"] for a in attempts) + sum(killed), 1),
         "attempts": len(attempts) + len(killed),
+        **({"stopped_by": stop} if (stop := stopped_by(run_dir / "train.log")) else {}),
     }
 
 
 def test_set_scores(run_dir, name, subset, target_lang):
-    """sacreBLEU (the recipe's, with signature), chrF and lowercased 13a BLEU of one test set."""
+    """sacreBLEU (the recipe's, with signature), chrF and lowercased 13a BLEU of one test set; for
+    a run of the published recipe, the literature's BLEU, sacreBLEU and chrF (case-insensitive)."""
     from sacrebleu.metrics import BLEU, CHRF
 
     scored = json.loads((run_dir / "score" / name / "scores.json").read_text())
     hypotheses = read_lines(run_dir / "score" / name / f"{subset}.hyp.{target_lang}")
     references = read_lines(scored["reference"])
+    if "tokenized_bleu" in scored:
+        return published_scores(run_dir, name, subset, target_lang, scored, hypotheses, references)
     chrf, lowercase = CHRF(), BLEU(lowercase=True)
     return {
         "sacrebleu": scored["sacrebleu"],
@@ -179,15 +208,42 @@ def test_set_scores(run_dir, name, subset, target_lang):
     }
 
 
-def paired_bootstrap(system, baseline, references):
+def published_scores(run_dir, name, subset, target_lang, scored, hypotheses, references):
+    """A run of the published recipe: the literature's BLEU (tokenised, lowercased text; what the
+    recipe's score.py computed), sacreBLEU and chrF case-insensitive on the detokenised output, each
+    signature naming its metric; both forms of the hypotheses, as scored."""
+    from sacrebleu.metrics import CHRF
+
+    chrf = CHRF(lowercase=True)
+    folder = run_dir / "score" / name
+    return {
+        "bleu_tok": scored["tokenized_bleu"],
+        "bleu_tok_signature": f"BLEU|{scored['tokenized_signature']}|tokenised lowercased text (multi-bleu)",
+        "sacrebleu": scored["sacrebleu"],
+        "signature": f"BLEU|{scored['sacrebleu_signature']}",
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+        "chrf_signature": f"chrF2|{chrf.get_signature()}",
+        "hypotheses": str(folder / f"{subset}.hyp.{target_lang}"),
+        "hypotheses_tok": str(folder / f"{subset}.hyp.tok.{target_lang}"),
+        "reference": scored["reference"],
+        "reference_tok": scored["tokenized_reference"],
+    }
+
+
+def primary(score):
+    """The score a study compares on: the literature's BLEU for the published recipe, else sacreBLEU."""
+    return score["bleu_tok"] if "bleu_tok" in score else score["sacrebleu"]
+
+
+def paired_bootstrap(system, baseline, references, metric=None):
     """sacrebleu's paired bootstrap resampling (--paired-bs, 1,000 samples, its fixed seed): the
-    BLEU difference system - baseline and its p-value."""
+    BLEU difference system - baseline and its p-value (sacreBLEU's default BLEU, or *metric*)."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
     test = PairedTest(
         [("baseline", baseline), ("system", system)],
-        {"BLEU": BLEU()},
+        {"BLEU": metric or BLEU()},
         [references],
         test_type="bs",
         n_samples=BOOTSTRAP_SAMPLES,
@@ -200,6 +256,8 @@ def paired_bootstrap(system, baseline, references):
 def comparisons(runs, pairs=COMPARISONS):
     """Each pair (system, baseline) of *pairs*, on each test set, for each seed that both variants
     finished."""
+    from sacrebleu.metrics import BLEU
+
     by_key = {(r["variant"], r["seed"]): r for r in runs}
     found = []
     for a, b in pairs:
@@ -208,11 +266,19 @@ def comparisons(runs, pairs=COMPARISONS):
                 continue
             for name, score_a in by_key[a, seed]["test_sets"].items():
                 score_b = by_key[b, seed]["test_sets"][name]
-                delta, p_value = paired_bootstrap(
-                    read_lines(score_a["hypotheses"]),
-                    read_lines(score_b["hypotheses"]),
-                    read_lines(score_a["reference"]),
-                )
+                if "bleu_tok" in score_a:  # the published recipe: on its own metric, the tokenised text
+                    delta, p_value = paired_bootstrap(
+                        read_lines(score_a["hypotheses_tok"]),
+                        read_lines(score_b["hypotheses_tok"]),
+                        read_lines(score_a["reference_tok"]),
+                        BLEU(tokenize="none", force=True),
+                    )
+                else:
+                    delta, p_value = paired_bootstrap(
+                        read_lines(score_a["hypotheses"]),
+                        read_lines(score_b["hypotheses"]),
+                        read_lines(score_a["reference"]),
+                    )
                 found.append(
                     {
                         "a": a,
@@ -253,8 +319,8 @@ def seed_comparisons(runs, pairs=COMPARISONS):
             continue
         for name in mine[a][0]["test_sets"]:
             delta, p_value, splits = permutation_test(
-                [r["test_sets"][name]["sacrebleu"] for r in mine[a]],
-                [r["test_sets"][name]["sacrebleu"] for r in mine[b]],
+                [primary(r["test_sets"][name]) for r in mine[a]],
+                [primary(r["test_sets"][name]) for r in mine[b]],
             )
             found.append(
                 {
@@ -299,51 +365,84 @@ def summary(runs, labels):
         for name in mine[0]["test_sets"]:
             entry[name] = {
                 metric: dict(zip(("mean", "std"), mean_std([r["test_sets"][name][metric] for r in mine])))
-                for metric in ("sacrebleu", "chrf", "bleu_lc")
+                for metric in ("bleu_tok", "sacrebleu", "chrf", "bleu_lc")
+                if metric in mine[0]["test_sets"][name]
             }
         if all("val" in r for r in mine):
-            entry["val"] = {"sacrebleu": dict(zip(("mean", "std"), mean_std([r["val"]["sacrebleu"] for r in mine])))}
+            entry["val"] = {
+                metric: dict(zip(("mean", "std"), mean_std([r["val"][metric] for r in mine])))
+                for metric in ("bleu_tok", "sacrebleu")
+                if metric in mine[0]["val"]
+            }
         out[label] = entry
     return out
 
 
+def score_columns(name, published):
+    """The table's score columns for test set *name*: (heading, the cell's number from a score, or
+    None); the published recipe's put the literature's BLEU first, and its distance to the
+    published number."""
+    if not published:
+        return [
+            ("sacreBLEU", lambda s: s["sacrebleu"]),
+            ("chrF", lambda s: s["chrf"]),
+            ("BLEU (lowercased, 13a)", lambda s: s["bleu_lc"]),
+        ]
+    reference = PUBLISHED_BLEU.get(name)
+    return [
+        ("BLEU (tokenised, lowercased: the literature's)", lambda s: s["bleu_tok"]),
+        *([(f"minus the published {reference:.2f}", lambda s: s["bleu_tok"] - reference)] if reference else []),
+        ("sacreBLEU (case-insensitive)", lambda s: s["sacrebleu"]),
+        ("chrF (case-insensitive)", lambda s: s["chrf"]),
+    ]
+
+
 def table(runs, labels, comparisons_found, title, across_seeds=()):
     """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons
-    seed by seed and across seeds."""
+    seed by seed and across seeds. A study of the published recipe compares on the literature's
+    BLEU, and says why each run stopped."""
     lines = [title, ""]
     runs = [r for r in runs if not r.get("diverged")]  # listed by sweep_table
     names = list(runs[0]["test_sets"]) if runs else []
     with_val = any("val" in r for r in runs)  # validation sacreBLEU: runs since the recipe scores it
+    published = any("bleu_tok" in score for r in runs for score in r["test_sets"].values())
+    metric = "the literature's BLEU" if published else "sacreBLEU"
     for name in names:
+        columns = score_columns(name, published)
+        headings = [heading for heading, _ in columns] + ["best valid loss", "updates"]
+        headings += ["epochs", "stopped by"] if published else []
+        headings += ["wall (min)", "tokens/s"] + (["val BLEU"] if with_val else [])
         lines += [
             f"**{name}** (mean ± sample std over seeds)",
             "",
-            "| variant | seeds | sacreBLEU | chrF | BLEU (lowercased, 13a) | best valid loss | updates | wall (min) | tokens/s |"
-            + (" val BLEU |" if with_val else ""),
-            "|---|---|---|---|---|---|---|---|---|" + ("---|" if with_val else ""),
+            "| variant | seeds | " + " | ".join(headings) + " |",
+            "|---|---|" + "---|" * len(headings),
         ]
         for label in labels:
             mine = [r for r in runs if r["label"] == label]
             if not mine:
                 continue
             scores = [r["test_sets"][name] for r in mine]
-            lines.append(
-                f"| {label} | {','.join(str(r['seed']) for r in mine)} | {cell([s['sacrebleu'] for s in scores])} "
-                f"| {cell([s['chrf'] for s in scores])} | {cell([s['bleu_lc'] for s in scores])} "
-                f"| {cell([r['best_valid_loss'] for r in mine], 3)} | {cell([r['updates'] for r in mine], 0)} "
-                f"| {cell([r['wall_s'] for r in mine], 1, 1 / 60)} | {cell([r['tokens_per_s'] for r in mine], 0)} |"
-                + (f" {cell([r['val']['sacrebleu'] if 'val' in r else None for r in mine])} |" if with_val else "")
-            )
+            cells = [cell([number(s) for s in scores]) for _, number in columns]
+            cells += [cell([r["best_valid_loss"] for r in mine], 3), cell([r["updates"] for r in mine], 0)]
+            if published:
+                cells += [cell([r["epochs"] for r in mine], 0), ", ".join(r.get("stopped_by", "—") for r in mine)]
+            cells += [cell([r["wall_s"] for r in mine], 1, 1 / 60), cell([r["tokens_per_s"] for r in mine], 0)]
+            if with_val:
+                cells.append(cell([primary(r["val"]) if "val" in r else None for r in mine]))
+            lines.append(f"| {label} | {','.join(str(r['seed']) for r in mine)} | " + " | ".join(cells) + " |")
         first = scores[0]
-        lines += [
-            "",
-            f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
-            f"lowercased BLEU: {first['bleu_lc_signature']}",
-            "",
-        ]
+        signatures = (
+            f"the literature's BLEU: {first['bleu_tok_signature']}; sacreBLEU: {first['signature']}; "
+            f"chrF: {first['chrf_signature']}"
+            if published
+            else f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
+            f"lowercased BLEU: {first['bleu_lc_signature']}"
+        )
+        lines += ["", signatures, ""]
     if comparisons_found:
         lines += [
-            f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), sacreBLEU of a minus b, seed by seed:",
+            f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), {metric} of a minus b, seed by seed:",
             "",
             "| a | b | test set | seed | Δ BLEU | p-value |",
             "|---|---|---|---|---|---|",
@@ -355,7 +454,7 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
     if across_seeds:
         lines += [
             "",
-            "Across seeds: difference of the sacreBLEU means, a minus b, and its exact permutation test "
+            f"Across seeds: difference of the {metric} means, a minus b, and its exact permutation test "
             "(every split of the seeds' scores into the two groups):",
             "",
             "| a | b | test set | seeds | Δ mean BLEU | p-value | splits |",
@@ -461,14 +560,18 @@ def write_translations(runs, folder, repo, target_lang):
     for run in runs:
         for name, score in scored_sets(run).items():
             run_name = run["folder"].replace("/", ".")  # e.g. post-ln.seed1, post-ln-lr0.002.seed1
-            target = folder / f"{run_name}.{name}.{target_lang}.gz"
-            data = "".join(f"{line}\n" for line in read_lines(score["hypotheses"])).encode(
-                "utf-8"
-            )  # also a committed .gz
-            with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
-                f.write(data)
-            resolved = target.resolve()
-            score["translations"] = str(resolved.relative_to(repo) if resolved.is_relative_to(repo) else resolved)
+            # the published recipe's are scored in two forms: detokenised, and tokenised (.tok)
+            for key, form in (("hypotheses", ""), ("hypotheses_tok", ".tok")):
+                if key not in score:
+                    continue
+                target = folder / f"{run_name}.{name}{form}.{target_lang}.gz"
+                data = "".join(f"{line}\n" for line in read_lines(score[key])).encode("utf-8")  # also a committed .gz
+                with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+                    f.write(data)
+                resolved = target.resolve()
+                score[key.replace("hypotheses", "translations")] = str(
+                    resolved.relative_to(repo) if resolved.is_relative_to(repo) else resolved
+                )
 
 
 def figures(runs, labels, folder, stem, what):
@@ -516,13 +619,14 @@ def figures(runs, labels, folder, stem, what):
     fig, axes = plt.subplots(1, len(names), figsize=(max(8, 1.5 * len(present)) * len(names), 4.8), squeeze=False)
     for ax, name in zip(axes[0], names):
         for i, variant in enumerate(present):
-            scores = [r["test_sets"][name]["sacrebleu"] for r in runs if r["label"] == variant]
+            scores = [primary(r["test_sets"][name]) for r in runs if r["label"] == variant]
             ax.scatter([i] * len(scores), scores, color=colours[variant], zorder=3, label="seeds" if i == 0 else None)
             ax.hlines(statistics.mean(scores), i - 0.3, i + 0.3, color="black", label="mean" if i == 0 else None)
         # a sweep's labels carry their rate ("post-ln-realformer lr=0.004"): on two lines they do not collide
         ax.set_xticks(range(len(present)), [label.replace(" lr=", "\nlr=") for label in present])
-        ax.set_ylabel("sacreBLEU")
-        ax.set_title(f"Test sacreBLEU on {name}, each seed and the mean\n{what}", fontsize=10)
+        metric = "BLEU (tokenised, lowercased)" if "bleu_tok" in runs[0]["test_sets"][name] else "sacreBLEU"
+        ax.set_ylabel(metric)
+        ax.set_title(f"Test {metric} on {name}, each seed and the mean\n{what}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
     fig.tight_layout()

@@ -13,5 +13,13 @@ VENV = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"  # the default --data
 _variants = runpy.run_path(str(USER_DIR / "variants.py"))
 VARIANTS, parse_variants = _variants["VARIANTS"], _variants["parse"]
+
+
+def repo_relative(path) -> str:
+    """*path* as the repository's files name it (relative to it), or absolute when outside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+
 if str(REPO) not in sys.path:  # the plugin of this checkout, also when it is not installed
     sys.path.insert(0, str(REPO))

@@ -384,6 +384,8 @@ def main(argv=None):
                     f"{'compound_split' if split_compounds else 'tokenized'}_signature": str(tok_sig),
                     "sentences": len(hyp_detok),
                     "reference": args.reference,
+                    **({"lowercase": True} if args.lowercase else {}),
+                    **({"tokenized_reference": args.tokenized_reference} if args.tokenized_reference else {}),
                 }
                 write_lines(os.path.join(stage, "scores.json"), [json.dumps(scores, indent=1)])
     except UserError as e:

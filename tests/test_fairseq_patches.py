@@ -23,7 +23,8 @@ from fairseq_realformer import fairseq_fixes, fairseq_patches
 from fairseq_realformer.fairseq_fixes.wall_clock import restart_wall_clock
 from fairseq_realformer.patching import MARKER, patch
 
-from .cli import SCRIPTS, run
+from .cli import BENCHMARKS, SCRIPTS, TINY, load_script, preprocess, run
+from .helpers import USER_DIR
 
 
 @pytest.mark.parametrize("n", [1, 7, 20, 21, 1003])
@@ -165,6 +166,43 @@ def test_a_resumed_runs_wall_clock_runs_again(restart):
         assert wall >= 0.05 if restart else wall == 0
     finally:
         metrics.reset()
+
+
+# A run whose validation loss never improves (lr 1e-9: the loss fairseq rounds to 3 decimals stays
+# the same), so --patience 2 stops it after its third epoch.
+STALLED = [
+    *TINY,
+    *"--arch realformer_iwslt_de_en --optimizer adam --lr 1e-9 --lr-scheduler fixed --dropout 0".split(),
+    *"--criterion cross_entropy --max-tokens 1000 --seed 1 --num-workers 0 --patience 2".split(),
+    *"--log-format json --log-interval 100 --no-epoch-checkpoints".split(),
+]
+
+
+def test_a_resumed_run_stops_early_where_an_uninterrupted_one_stops(tmp_path):
+    """fairseq's own defect: --patience counts on a function attribute no checkpoint saves, so a run
+    resumed after epoch 2 counts from zero again (fairseq alone stops at epoch 5, not 3); with the
+    plugin it goes on counting from the checkpoint."""
+    preprocess(tmp_path)
+    log = load_script("fairseq_log", BENCHMARKS)
+
+    def train(save_dir, max_epoch, env=None):
+        result = run(
+            "fairseq-train", "bin", "--user-dir", USER_DIR, *STALLED, "--save-dir", save_dir,
+            "--max-epoch", max_epoch, cwd=tmp_path, env=env,
+        )  # fmt: skip
+        output = result.stdout + result.stderr
+        return [int(f["epoch"]) for _, f in log.records(output.splitlines(), "valid")], output
+
+    epochs, output = train("whole", 10)
+    assert epochs == [1, 2, 3] and "early stop" in output  # the uninterrupted run
+    assert train("resumed", 2)[0] == [1, 2]
+    (tmp_path / "fairseq-alone").mkdir()
+    (tmp_path / "fairseq-alone" / "checkpoint_last.pt").write_bytes(
+        (tmp_path / "resumed" / "checkpoint_last.pt").read_bytes()
+    )
+    epochs, output = train("resumed", 10)
+    assert epochs == [3] and "early stop" in output  # where the uninterrupted run stopped
+    assert train("fairseq-alone", 10, env={"REALFORMER_FAIRSEQ_FIXES": "0"})[0] == [3, 4, 5]  # the defect
 
 
 PROBE = f"""
