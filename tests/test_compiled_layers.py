@@ -4,6 +4,7 @@ kind and no graph break; validation, decoding and ADMIN's profiling run eager; c
 their keys. The steps are measured by tests.compiled_steps, beside the rest of the suite."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -20,8 +21,13 @@ from .helpers import BACKBONES, MODES, REPO, VALUE_RESIDUAL, model_sums, roundin
 
 
 def measure(job):
+    """tests.compiled_steps in a process of its own, with an inductor cache of its own: a cache
+    kept from another run may hold kernels compiled for other vector instructions (inductor
+    follows ATEN_CPU_CAPABILITY, its cache key does not: reused, they gave NaN losses or corrupted
+    the heap)."""
     out = job.folder / "steps.json"
-    result = job.run([sys.executable, "-m", "tests.compiled_steps", str(out)], cwd=REPO)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(job.folder / "inductor")}
+    result = job.run([sys.executable, "-m", "tests.compiled_steps", str(out)], cwd=REPO, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
 
