@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from . import cpu_report
 from .helpers import REPO, USER_DIR
 
 BIN = Path(sys.executable).parent
@@ -47,12 +48,15 @@ def clean_env():
     """The user's environment without torch.load overrides (checkpoints must load as shipped),
     the environment's own tools first on PATH, and one OpenMP thread per process unless set:
     these models are tiny, and spinning threads on cores that other tests use slow training
-    down many times over."""
+    down many times over. Where the suite forces what PyTorch reports of the CPU
+    (REALFORMER_TEST_BF16_UNITS), the commands see the same report."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE", "REALFORMER_"))}
     if (Path(sys.prefix) / ".fairseq-realformer-setup").exists():
         # an environment scripts/setup_env.sh made (REALFORMER_VENV=DIR scripts/test.sh): the
         # scripts that set one up (quickstart.sh) use it, not .venv
         env["REALFORMER_VENV"] = sys.prefix
+    if cpu_report.forced():  # the suite runs as on another CPU: so do the commands it starts
+        env.update(cpu_report.environment(cpu_report.forced()))
     return {"OMP_NUM_THREADS": "1", **env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "PYTHON": sys.executable}
 
 

@@ -53,7 +53,7 @@ def train_step(model, batch, seed):
 
 
 def compare(eager, compiled_model, batch, seed):
-    """The step's loss difference; each gradient's difference relative to its norm; and the
+    """The step's loss difference (and the loss's size); each gradient's difference relative to its norm; and the
     gradients that are zero in exact arithmetic, k_proj's biases (softmax ignores a shift of a
     row, also of the carried scores), relative to the largest gradient's norm: rounding noise in
     both, whose difference says nothing."""
@@ -63,6 +63,7 @@ def compare(eager, compiled_model, batch, seed):
     zero = [name for name in grads if name.endswith("k_proj.bias")]
     return {
         "loss": abs(compiled_loss.item() - loss.item()),
+        "loss_size": abs(loss.item()),
         "same_parameters": sorted(compiled_grads) == sorted(grads),
         "gradients": {
             name: (compiled_grads[name] - grad).norm().item() / grad.norm().item()

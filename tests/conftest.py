@@ -7,7 +7,26 @@
   is one worker's unit of work and the longest go first (``RUN_SECONDS``, a module's own estimate),
   so that the short ones fill in beside them instead of one long module running alone at the end.
   Every worker collects every module, so a job starts only when one of its tests asks for it.
+
+And what PyTorch reports of the CPU: REALFORMER_TEST_BF16_UNITS=none (or native) runs the whole
+suite, and the commands it starts, as on a CPU without (with) bfloat16 units (tests/cpu_report).
 """
+
+import pytest
+
+from . import cpu_report
+
+
+def pytest_configure(config):
+    units = cpu_report.forced()
+    if units is not None:
+        try:
+            cpu_report.check(units)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
+        import torch
+
+        cpu_report.force(torch.cpu, units)
 
 
 def _module(item):

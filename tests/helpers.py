@@ -21,6 +21,38 @@ TINY = (
     "--activation-dropout 0"
 ).split()
 
+
+def rounding(*sums: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> float:
+    """How far two computations of one value in *dtype* may differ when the CPU's kernels add in
+    another order (AVX2, AVX-512 or AMX vector widths, another blocking, more threads): through a
+    chain of sums of *sums* terms each, of values of size *scale*, ε·(Σ sums)·scale. A sum of n
+    products rounds by at most γ_n·Σ|x·y| ≈ n·(ε/2)·Σ|x·y| (Higham, Accuracy and Stability of
+    Numerical Algorithms, §3.1); two orders, twice that. One CPU's difference is far smaller (the
+    roundings cancel, about √n of them), so a tolerance tuned to it fails on another CPU."""
+    return torch.finfo(dtype).eps * sum(sums) * float(torch.as_tensor(scale).detach())
+
+
+def model_sums(layers: int = LAYERS, length: int = 10, embed: int = EMBED, ffn: int = FFN, heads: int = HEADS):
+    """The sums along the longest path through a tiny model, from the embeddings to the logits,
+    with sentences of up to *length* tokens: in each attention the projections, scores, softmax,
+    weighted sum, output projection and LayerNorm; in each FFN its two projections and LayerNorm;
+    the carried scores, one term a layer; the output projection."""
+    attention = [embed, embed // heads, length, length, embed, embed, layers]
+    ffn_sums = [embed, ffn, embed]
+    return layers * (attention + ffn_sums) + layers * (2 * attention + ffn_sums) + [embed]
+
+
+def assert_within_rounding(got, want, layers=LAYERS, *sums):
+    """*got* is *want* to float32's rounding through a model of *layers* layers (and *sums* after it)."""
+    atol = rounding(*model_sums(layers), *sums, scale=want.abs().max())
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+
+
+def differs_beyond_rounding(got, want, layers=LAYERS):
+    """*got* is not *want*, by more than float32's rounding through the model."""
+    return (got - want).abs().max() > rounding(*model_sums(layers), scale=want.abs().max())
+
+
 PATH_SETS = ["none", "encoder", "decoder", "cross", "encoder,decoder", "encoder,cross", "decoder,cross", "all"]
 MODES = ["sum", "mean"]
 BACKBONES = ["post-ln", "pre-ln", "admin", "deepnorm", "rezero", "t-fixup", "resi-dual"]

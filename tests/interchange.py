@@ -132,6 +132,36 @@ def translation_lines(stdout: str):
     return sorted(lines)
 
 
+# how finely numbers are printed: the H-lines' scores (translation_lines), the losses fairseq logs,
+# realformer-analyze's medians (a histogram's bins, RESOLUTION); by outcome (the rest is text)
+SCORE_DIGIT, LOSS_DIGIT, MEDIAN_BIN = 1e-4, 1e-3, 1e-3
+PRINTED = {"generate": SCORE_DIGIT, "interactive": SCORE_DIGIT, "analysis": MEDIAN_BIN, "resume_losses": LOSS_DIGIT}
+_NUMBER = re.compile(r"-?\d+\.\d+")
+
+
+def assert_same_as_printed(got, want, unit=None, where="") -> None:
+    """*got* is *want* (lists, dicts, strings, numbers), except that a number printed to *unit*
+    may be one unit off: the same value computed by another CPU's kernels, rounded by float32
+    differently in its last bits, may round to the neighbouring printed value. Words and counts
+    are equal."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for key in want:
+            assert_same_as_printed(got[key], want[key], unit, f"{where}/{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same_as_printed(g, w, unit, f"{where}[{i}]")
+    elif unit is not None and isinstance(want, str) and _NUMBER.search(want):
+        assert _NUMBER.split(got) == _NUMBER.split(want), (where, got, want)
+        for g, w in zip(_NUMBER.findall(got), _NUMBER.findall(want)):
+            assert abs(float(g) - float(w)) <= 1.5 * unit, (where, got, want)  # 0 or 1 unit apart
+    elif unit is not None and isinstance(want, float):
+        assert abs(float(got) - want) <= 1.5 * unit, (where, got, want)
+    else:
+        assert got == want, (where, got, want)
+
+
 def _rounded(value):
     """realformer-analyze's statistics to 4 decimals: what a checkpoint computes, not float noise."""
     if isinstance(value, float):

@@ -33,7 +33,17 @@ from fairseq_realformer.analysis.statistics import (
 from fairseq_realformer.options import PATHS
 
 from .cli import BIN, clean_env
-from .helpers import HEADS, LAYERS, build_model, make_dictionary, parse_args, paths_of, perturb_, random_batch
+from .helpers import (
+    HEADS,
+    LAYERS,
+    assert_within_rounding,
+    build_model,
+    make_dictionary,
+    parse_args,
+    paths_of,
+    perturb_,
+    random_batch,
+)
 from .reference import reference_forward
 from .test_recipes import save_checkpoint
 
@@ -124,7 +134,7 @@ def test_recorder_gives_each_layers_per_head_probabilities(name):
         plain = model(src, lengths, prev)[0]
         with AttentionRecorder(model, consume) as recorder:
             recorded = model(src, lengths, prev)[0]
-    torch.testing.assert_close(recorded, plain, atol=1e-5, rtol=1e-5)
+    assert_within_rounding(recorded, plain)  # recording leaves the fused path: other kernels
     for path in PATHS:
         got = torch.stack(received[path]).transpose(1, 2)  # (layers, B, H, T, S)
         assert (
@@ -132,7 +142,7 @@ def test_recorder_gives_each_layers_per_head_probabilities(name):
             == expected[path].shape
             == (LAYERS, 3, HEADS, prev.size(1) if path != "encoder" else 8, 8 if path != "decoder" else prev.size(1))
         )
-        torch.testing.assert_close(got, expected[path], atol=1e-5, rtol=1e-4, msg=path)
+        assert_within_rounding(got, expected[path])  # of the probabilities, through the model
     for modules in recorder.modules.values():
         for module in modules:
             assert not module.skip_embed_dim_check and not module._forward_hooks and not module._forward_pre_hooks
@@ -239,9 +249,10 @@ def test_a_sentence_alone_measures_as_inside_a_padded_batch(name):
             (separately[path].entropy_sample, together[path].entropy_sample),
             (separately[path].jsd_sample, together[path].jsd_sample),
         ):
-            torch.testing.assert_close(a.sort(dim=1).values, b.sort(dim=1).values, atol=1e-5, rtol=0, msg=path)
+            # through the model, then entropy's or JSD's sum over at most 9 keys
+            assert_within_rounding(a.sort(dim=1).values, b.sort(dim=1).values, LAYERS, 9)
         for a, b in ((separately[path].entropy, together[path].entropy), (separately[path].jsd, together[path].jsd)):
-            # values within 1e-5 of each other may still round into neighbouring bins
+            # values float32's rounding apart may still fall into neighbouring bins
             torch.testing.assert_close(a.median(), b.median(), atol=RESOLUTION, rtol=0, msg=path)
 
 

@@ -19,8 +19,10 @@ from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules import ResidualMultiheadAttention, residual_attention
 from fairseq_realformer.modules.residual_attention import Carried
 
+from . import cpu_report
 from .cli import N_TEST, TINY, TRAIN, popen, preprocess, run
 from .helpers import BACKBONES, REPO, USER_DIR, VALUE_RESIDUAL, perturb_, random_batch, realformer
+from .interchange import LOSS_DIGIT, assert_same_as_printed
 from .test_half_precision import training_config
 from .test_model import DICT, SRC_LENS, TGT_LENS, forward
 
@@ -291,16 +293,26 @@ def test_bf16_with_fp16_is_one_line(program, tmp_path):
         assert line in (Path(REPO) / "docs" / "usage.md").read_text()  # shown there as printed
 
 
-def test_a_cpu_without_bf16_units_gets_one_warning(monkeypatch, capsys):
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    assert not precision.native_on_cpu()
+def emulated(program: str) -> str:
+    """The line a command prints where --bf16 runs on a CPU without bfloat16 units."""
+    return (
+        f"{program}: warning: --bf16 on a CPU without bfloat16 units (no AVX512-BF16 or AMX, as PyTorch reports): "
+        "it runs, but slower than float32"
+    )
+
+
+@pytest.mark.parametrize(
+    "avx512_bf16, amx", [(False, False), (True, False), (False, True)], ids=["no-units", "avx512-bf16", "amx"]
+)
+def test_only_a_cpu_without_bf16_units_gets_a_warning(avx512_bf16, amx, monkeypatch, capsys):
+    """Whatever this machine has: PyTorch's report is forced either way."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert precision.native_on_cpu() == (avx512_bf16 or amx)
     precision.warn_if_emulated("cpu", "fairseq-train")
     precision.warn_if_emulated("cuda", "fairseq-train")  # a GPU: nothing to say
-    assert capsys.readouterr().err.splitlines() == [
-        "fairseq-train: warning: --bf16 on a CPU without bfloat16 units (no AVX512-BF16 or AMX, as PyTorch reports): "
-        "it runs, but slower than float32"
-    ]
+    warned = not (avx512_bf16 or amx)
+    assert capsys.readouterr().err.splitlines() == ([emulated("fairseq-train")] if warned else [])
 
 
 # --- fairseq's commands ------------------------------------------------------------------------
@@ -329,7 +341,9 @@ def test_fairseq_train_bf16_trains_on_a_cpu(bf16_run):
     losses = per_update_losses(log)
     assert sorted(losses) == list(range(1, 31)), log[-2000:]
     assert float(losses[30]) < float(losses[1]) - 1.0
-    assert "bfloat16 units" not in log, "this CPU has bf16 units: no warning"
+    # one warning where PyTorch reports no bf16 units, none where it reports them (either forced:
+    # tests/cpu_report, and test_fairseqs_transformer_trains_in_bf16_with_and_without_bf16_units)
+    assert log.count(emulated("fairseq-train")) == (0 if precision.native_on_cpu() else 1), log[-2000:]
 
 
 def test_a_bf16_checkpoint_is_float32_and_translates_without_bf16(bf16_run):
@@ -340,9 +354,12 @@ def test_a_bf16_checkpoint_is_float32_and_translates_without_bf16(bf16_run):
     assert exp_avg and {t.dtype for t in exp_avg} == {torch.float32}, "Adam's state is float32"
     assert "loss_scale" not in state["extra_state"].get("train_meters", {}), "no loss scaler"
     generate = ["fairseq-generate", "bin", "--user-dir", USER_DIR, "--path", "ckpt/checkpoint_last.pt"]
+    # as on a CPU with bf16 units, whatever this one has: no warning (interactive's test: without them)
     fp32, bf16 = (
-        run(*generate, *"--beam 4 --batch-size 8".split(), *precision, cwd=work) for precision in ([], ["--bf16"])
+        run(*generate, *"--beam 4 --batch-size 8".split(), *flags, cwd=work, env=cpu_report.environment("native"))
+        for flags in ([], ["--bf16"])
     )
+    assert "warning: --bf16" not in fp32.stderr + bf16.stderr
     hypotheses = [dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", r.stdout, re.M)) for r in (fp32, bf16)]
     assert sorted(map(int, hypotheses[0])) == sorted(map(int, hypotheses[1])) == list(range(N_TEST))
     scores = [[float(s) for s in re.findall(r"^H-\d+\t(\S+)\t", r.stdout, re.M)] for r in (fp32, bf16)]
@@ -369,8 +386,10 @@ def test_interactive_and_the_hub_translate_in_bf16(bf16_run):
         "--bf16",
         cwd=work,
         stdin="s1 s2 s3\ns4 s5\n",
+        env=cpu_report.environment("none"),  # as on a CPU without bf16 units: it says so once, and translates
     )
     assert len(re.findall(r"^H-\d+\t", result.stdout, re.M)) == 2, result.stderr[-2000:]
+    assert result.stderr.count(emulated("fairseq-interactive")) == 1, result.stderr[-2000:]
 
     from fairseq_realformer.models.realformer import RealformerModel
 
@@ -432,39 +451,49 @@ def test_ctrl_c_and_resume_reproduce_an_uninterrupted_bf16_run(bf16_run, tmp_pat
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[1])
 
 
-def test_fairseqs_transformer_trains_in_bf16_on_a_cpu(tmp_path):
+def test_fairseqs_transformer_trains_in_bf16_with_and_without_bf16_units(tmp_path):
+    """As on a CPU that PyTorch reports without bfloat16 units, fairseq-train says once that bf16
+    is slower there, and trains; with them, it says nothing. Only the report is forced
+    (tests/cpu_report), not the kernels: both runs log the same losses (to the digit fairseq prints)."""
     from .test_compat import FIXTURES
 
-    result = run(
-        "fairseq-train",
-        FIXTURES / "bin",
-        "--user-dir",
-        USER_DIR,
-        "--arch",
-        "transformer",
-        *TINY,
-        "--optimizer",
-        "adam",
-        "--lr",
-        "2e-3",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--max-tokens",
-        "1000",
-        "--max-update",
-        "6",
-        "--log-format",
-        "json",
-        "--log-interval",
-        "1",
-        "--save-dir",
-        tmp_path,
-        "--bf16",
-        "--cpu",
-    )
-    log = result.stdout + result.stderr
-    assert sorted(per_update_losses(log)) == list(range(1, 7)), log[-2000:]
-    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    model_cfg = state["cfg"]["model"]
-    assert getattr(model_cfg, "arch", None) == "transformer" or getattr(model_cfg, "_name", None) == "transformer"
-    assert {t.dtype for t in state["model"].values() if t.is_floating_point()} == {torch.float32}
+    losses = {}
+    for units in ("none", "native"):
+        result = run(
+            "fairseq-train",
+            FIXTURES / "bin",
+            "--user-dir",
+            USER_DIR,
+            "--arch",
+            "transformer",
+            *TINY,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "2e-3",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--max-tokens",
+            "1000",
+            "--max-update",
+            "6",
+            "--log-format",
+            "json",
+            "--log-interval",
+            "1",
+            "--save-dir",
+            tmp_path / units,
+            "--bf16",
+            "--cpu",
+            env=cpu_report.environment(units),
+        )
+        log = result.stdout + result.stderr
+        assert log.count(emulated("fairseq-train")) == (1 if units == "none" else 0), log[-2000:]
+        losses[units] = per_update_losses(log)
+        assert sorted(losses[units]) == list(range(1, 7)), log[-2000:]
+        state = torch.load(tmp_path / units / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+        model_cfg = state["cfg"]["model"]
+        assert getattr(model_cfg, "arch", None) == "transformer" or getattr(model_cfg, "_name", None) == "transformer"
+        assert {t.dtype for t in state["model"].values() if t.is_floating_point()} == {torch.float32}
+    assert sorted(losses["none"]) == sorted(losses["native"])
+    assert_same_as_printed(list(losses["none"].values()), list(losses["native"].values()), LOSS_DIGIT)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from .cli import run, train_losses
-from .helpers import USER_DIR, make_dictionary, perturb_, realformer
+from .helpers import USER_DIR, assert_within_rounding, make_dictionary, perturb_, realformer
+from .interchange import LOSS_DIGIT, SCORE_DIGIT, assert_same_as_printed
 
 FIXTURES = Path(__file__).parent / "data" / "compat-0.1.0"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
@@ -33,10 +34,10 @@ def test_fixed_seed_model_gives_the_stored_outputs(config):
     encoder_out = model.encoder(batch["src_tokens"], src_lengths=batch["src_lengths"])
     logits, extra = model.decoder(batch["prev_output_tokens"], encoder_out=encoder_out)
     want = STORED["outputs"][config]
-    # the fixtures were computed with 2 threads, the suite runs with 1: sums differ in the last bits
-    torch.testing.assert_close(encoder_out["encoder_out"][0], want["encoder_out"], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(logits, want["logits"], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(extra["attn"][0], want["attn"], rtol=1e-5, atol=1e-5)
+    # computed then on another machine's kernels, with 2 threads: float32's rounding apart
+    assert_within_rounding(encoder_out["encoder_out"][0], want["encoder_out"])
+    assert_within_rounding(logits, want["logits"])
+    assert_within_rounding(extra["attn"][0], want["attn"])
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +61,13 @@ def hypotheses(stdout):
 
 
 def assert_same_translations(stdout, expected_lines):
+    """The same words; the scores as fairseq prints them (P-lines to 4 decimals), where a value
+    computed by another CPU's kernels may round to the neighbouring last digit."""
     got, want = hypotheses(stdout), hypotheses("\n".join(expected_lines))
     assert got.keys() == want.keys()
     for key, (scores, text) in want.items():
         assert got[key][1] == text, key
-        assert got[key][0] == pytest.approx(scores, abs=1e-4), key
+        assert got[key][0] == pytest.approx(scores, abs=1.5 * SCORE_DIGIT), key  # 0 or 1 digit apart
 
 
 @pytest.mark.parametrize("variant", sorted(EXPECTED))
@@ -136,7 +139,9 @@ def test_old_admin_checkpoint_resumes_training_exactly(work):
     )
     log = result.stdout + result.stderr
     assert "Loaded checkpoint ckpt-admin-profile/checkpoint_last.pt" in log and "ADMIN omega initialised" not in log
-    assert [f"{x:g}" for x in train_losses(log)] == [f"{float(r['loss']):g}" for r in expected["resume_losses"]]
+    # as logged, to 3 decimals: 0.1.0's CPU rounded in its last bits as its kernels did
+    want = [float(r["loss"]) for r in expected["resume_losses"]]
+    assert_same_as_printed(train_losses(log), want, LOSS_DIGIT)
 
 
 def _train_flags():

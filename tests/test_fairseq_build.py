@@ -22,7 +22,15 @@ import pytest
 from .background import Job
 from .cli import N_TEST, SCRIPTS, clean_env
 from .helpers import REPO, USER_DIR
-from .interchange import BIN, SMALL, fixture_made_under, last_checkpoint, translation_lines
+from .interchange import (
+    BIN,
+    PRINTED,
+    SMALL,
+    assert_same_as_printed,
+    fixture_made_under,
+    last_checkpoint,
+    translation_lines,
+)
 
 
 def suite_packages_but_fairseq(links: Path) -> None:
@@ -123,4 +131,5 @@ def test_a_ve_fairseq_checkpoint_translates_identically_with_the_built_fairseq(b
         *("--user-dir", USER_DIR, "--path", last, "--beam", "4", "--max-len-b", "12"),
         cwd=tmp_path,
     )
-    assert translation_lines(result.stdout) == json.loads((fixture / "expected.json").read_text())["generate"]
+    expected = json.loads((fixture / "expected.json").read_text())["generate"]
+    assert_same_as_printed(translation_lines(result.stdout), expected, PRINTED["generate"])

@@ -19,7 +19,16 @@ import torch
 from .background import Job
 from .cli import run
 from .helpers import USER_DIR
-from .interchange import BIN, FIXTURES, installed_fairseq, last_checkpoint, outcomes, translation_lines
+from .interchange import (
+    BIN,
+    FIXTURES,
+    PRINTED,
+    assert_same_as_printed,
+    installed_fairseq,
+    last_checkpoint,
+    outcomes,
+    translation_lines,
+)
 
 
 def cross(job):
@@ -46,7 +55,7 @@ def crossed():
 )
 def test_a_checkpoint_of_the_other_fairseq_gives_what_it_gave_there(crossed, outcome):
     got, expected = crossed
-    assert got[outcome] == expected[outcome]
+    assert_same_as_printed(got[outcome], expected[outcome], PRINTED.get(outcome))
 
 
 def with_better_transformer_copies(model: dict) -> dict:
@@ -80,7 +89,8 @@ def test_a_checkpoint_of_the_official_fairseq_0_12_2_translates(tmp_path, fixes)
     env = {"REALFORMER_FAIRSEQ_FIXES": "1" if fixes == "on" else "0"}
     result = run("fairseq-generate", BIN, *args, cwd=tmp_path, env=env, check=fixes == "on")
     if fixes == "on":
-        assert translation_lines(result.stdout) == json.loads((fixture / "expected.json").read_text())["generate"]
+        expected = json.loads((fixture / "expected.json").read_text())["generate"]
+        assert_same_as_printed(translation_lines(result.stdout), expected, PRINTED["generate"])
     else:
         assert (
             result.returncode != 0

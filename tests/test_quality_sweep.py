@@ -4,7 +4,6 @@ there. The recipe is replaced by a fake one that writes what run.sh writes, so n
 
 import json
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +113,7 @@ FAKE_RECIPE = (
       log "$(printf '%s' "INNER" | sed "s/{epoch:03d}/002/; s/{loss}/9.5/; s/{updates}/150/")"
       log "$(printf '%s' "INNER" | sed "s/{epoch:03d}/002/; s/{loss}/11.5/; s/{updates}/200/")"
       sleep 60
+      touch "$run/waited-for"  # only if the runner let it sleep on
       exit 1
     fi
     log "$(printf '%s' "EPOCH" | sed "s/{epoch:03d}/002/; s/{loss}/8.0/; s/{updates}/264/")"
@@ -167,10 +167,9 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
         str(tmp_path / "q"),
     ]
     args = quality.parse_args(argv)
-    started = time.time()
     quality.run_all(args, data, {})
-    assert time.time() - started < 30  # the diverging run was stopped, not waited for
     out = tmp_path / "q"
+    assert not (out / "realformer-lr0.002" / "seed1" / "waited-for").exists(), "stopped, not waited for"
     trained = (out / "trained").read_text().split()
     assert sorted(trained) == ["0.001", "0.001", "0.001", "0.002", "0.002", "0.002"]  # 4 sweep runs, 2 at the best
     assert (out / "post-ln-lr0.002" / "seed2" / "score" / "val" / "scores.json").exists()
