@@ -355,17 +355,18 @@ def main(argv=None):
                 raise UserError(
                     f"{source} has {len(hyp_detok)} hypotheses, --reference {args.reference} has {len(ref_raw)} lines"
                 )
-            split_compounds = args.tokenized_bleu == "compound-split"
+            compound_split = args.tokenized_bleu == "compound-split"
             sacre, sacre_sig, tok, tok_sig = bleu_scores(
-                hyp_detok, ref_raw, hyp_tok, ref_tok, lowercase=args.lowercase, split=split_compounds
+                hyp_detok, ref_raw, hyp_tok, ref_tok, lowercase=args.lowercase, split=compound_split
             )
             case = ", case-insensitive" if args.lowercase else ""
+            tok_name = "compound_split" if compound_split else "tokenized"  # the JSON's name of the tokenized BLEU
             report = [
                 f"sacreBLEU: {sacre.score:.2f} ({sacre_sig}) detokenized hypotheses vs raw reference {args.reference}{case}",
                 f"  {sacre}",
                 f"compound-split BLEU: {tok.score:.2f} ({tok_sig}) tokenized hypotheses vs {tok_ref_what}, "
                 f"compounds split a ##AT##-##AT## b as fairseq's compound_split_bleu.sh; not comparable with sacreBLEU"
-                if split_compounds
+                if compound_split
                 else f"tokenized BLEU: {tok.score:.2f} ({tok_sig}) tokenized hypotheses vs {tok_ref_what}, "
                 f"multi-bleu's number; not comparable with sacreBLEU",
                 f"  {tok}",
@@ -379,9 +380,8 @@ def main(argv=None):
                 scores = {
                     "sacrebleu": sacre.score,
                     "sacrebleu_signature": str(sacre_sig),
-                    # the tokenized BLEU under its name: compound_split_bleu or tokenized_bleu
-                    f"{'compound_split' if split_compounds else 'tokenized'}_bleu": tok.score,
-                    f"{'compound_split' if split_compounds else 'tokenized'}_signature": str(tok_sig),
+                    f"{tok_name}_bleu": tok.score,
+                    f"{tok_name}_signature": str(tok_sig),
                     "sentences": len(hyp_detok),
                     "reference": args.reference,
                     **({"lowercase": True} if args.lowercase else {}),
