@@ -15,7 +15,7 @@ a re-run skips finished variants. ``--add-to TABLE`` merges new variants into a 
 is re-run as a control, kept beside the rows with whether it measured the same as its row. A
 merge the table records already is not trained again, wherever --out is.
 
-    python benchmarks/depth_stability.py --variants post-ln-realformer,post-ln \
+    python benchmarks/depth_stability.py --variants post-ln-realformer,post-ln \\
         --add-to benchmarks/results/cpu-depth-stability-lr3e-3.json
 """
 

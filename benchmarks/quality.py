@@ -13,7 +13,7 @@ cs (default en→de); by default every test set of --data in both languages.
     python benchmarks/quality.py --seeds 1,2,3                   # --preset gpu: the recipe's size, one GPU
     python benchmarks/quality.py --quick --seeds 1,2             # minutes on a CPU: proves it runs
     python benchmarks/quality.py --preset cpu --report-only --json ...   # report the finished runs only
-    python benchmarks/quality.py --preset cpu --bf16 --variants post-ln,realformer --seeds 1,2 \
+    python benchmarks/quality.py --preset cpu --bf16 --variants post-ln,realformer --seeds 1,2 \\
         --json benchmarks/results/cpu-quality-multi30k-en-de-bf16.json    # in bf16 mixed precision
 
 Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers override them):
@@ -33,8 +33,8 @@ Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers
          lowercased text (multi-bleu's number), and sacreBLEU and chrF case-insensitive on the
          Moses-detokenised output. The variant "fairseq" is fairseq's own `transformer`.
 
-    nice -n 19 python benchmarks/quality.py --preset published --seeds 1 --jobs 2 \
-        --variants fairseq,post-ln-realformer,admin,realformer \
+    nice -n 19 python benchmarks/quality.py --preset published --seeds 1 --jobs 2 \\
+        --variants fairseq,post-ln-realformer,admin,realformer \\
         --json benchmarks/results/cpu-quality-multi30k-en-de-published.json
   --quick  the recipe's --tiny mode (first 300 lines, width 32) with 2+2 layers, 2 epochs: its
          BLEU says the pipeline works, not which model is better
@@ -42,9 +42,10 @@ Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers
 The study can be stopped at any time (Ctrl-C, or kill its process group) and run again with the
 same command: finished runs are skipped and an interrupted run resumes from its last epoch
 checkpoint. The runs a --json file of the same settings holds count as finished too, so a
-committed study goes on in a fresh checkout. Seed 1 of every variant runs first, then seed 2, ..., so partial results stay
-balanced. --jobs N trains N runs side by side with one thread each: on this project's 2-core
-machine two one-thread runs made ~5,250 target tokens/s together, one two-thread run ~4,500.
+committed study goes on in a fresh checkout. Seed 1 of every variant runs first, then seed 2,
+..., so partial results stay balanced. --jobs N trains N runs side by side with one thread each:
+on this project's 2-core machine two one-thread runs made ~5,250 target tokens/s together, one
+two-thread run ~4,500.
 
 Learning rates: --lr 2e-3,4e-3,8e-3 is a sweep, every variant at every rate. Each run also scores
 the validation set; --best-seeds 2,3 then trains those seeds for each variant at the rate where its
@@ -52,8 +53,8 @@ the validation set; --best-seeds 2,3 then trains those seeds for each variant at
 in. The report is the sweep's table and figure (test BLEU against the rate), then each variant at
 its best against the others, with the comparisons above.
 
-    nice -n 19 python benchmarks/quality.py --preset cpu --bf16 --lr 2e-3,4e-3,8e-3 --seeds 1 \
-        --best-seeds 2,3 --variants post-ln,pre-ln,admin,realformer,post-ln-realformer --jobs 2 \
+    nice -n 19 python benchmarks/quality.py --preset cpu --bf16 --lr 2e-3,4e-3,8e-3 --seeds 1 \\
+        --best-seeds 2,3 --variants post-ln,pre-ln,admin,realformer,post-ln-realformer --jobs 2 \\
         --json benchmarks/results/cpu-quality-lr-sweep-multi30k-en-de-bf16.json --figures docs/figures/lr-sweep
 
 Divergence: a run whose loss becomes NaN or infinite, or whose training loss climbs back above its
