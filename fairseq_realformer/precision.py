@@ -49,6 +49,7 @@ import contextlib
 import functools
 import importlib.util
 import sys
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -100,14 +101,27 @@ def native_on_cpu() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in detectors)
 
 
+def emulated(device_type: str) -> bool:
+    """bf16 on *device_type* runs, but slower than float32: a CPU without bf16 units."""
+    return device_type == "cpu" and not native_on_cpu()
+
+
+WITHOUT_UNITS = "on a CPU without bfloat16 units (no AVX512-BF16 or AMX, as PyTorch reports)"
+
+
 def warn_if_emulated(device_type: str, prog: str) -> None:
-    """One line on stderr where bf16 runs, but slower than float32: a CPU without bf16 units."""
-    if device_type == "cpu" and not native_on_cpu():
-        print(
-            f"{prog}: warning: --bf16 on a CPU without bfloat16 units (no AVX512-BF16 or AMX, as "
-            f"PyTorch reports): it runs, but slower than float32",
-            file=sys.stderr,
-            flush=True,
+    """One line on stderr where a command's --bf16 runs, but slower than float32."""
+    if emulated(device_type):
+        print(f"{prog}: warning: --bf16 {WITHOUT_UNITS}: it runs, but slower than float32", file=sys.stderr, flush=True)
+
+
+def warn_hub_if_emulated(device_type: str) -> None:
+    """A ``RuntimeWarning`` where the hub's ``bf16=True`` translates slower than float32, shown (by
+    Python's default filter) once for each line that calls the hub's ``generate``: fairseq's
+    ``sample`` for ``translate`` and ``sample``, or the user's."""
+    if emulated(device_type):
+        warnings.warn(
+            f"bf16=True {WITHOUT_UNITS}: it translates, but slower than float32", RuntimeWarning, stacklevel=3
         )
 
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import re
 import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -315,6 +316,12 @@ def test_only_a_cpu_without_bf16_units_gets_a_warning(avx512_bf16, amx, monkeypa
     assert capsys.readouterr().err.splitlines() == ([emulated("fairseq-train")] if warned else [])
 
 
+HUB_EMULATED = (
+    "bf16=True on a CPU without bfloat16 units (no AVX512-BF16 or AMX, as PyTorch reports): "
+    "it translates, but slower than float32"
+)
+
+
 # --- fairseq's commands ------------------------------------------------------------------------
 
 BF16_TRAIN = [*TRAIN, "--bf16", "--max-update", "30", "--log-interval", "1"]
@@ -368,7 +375,7 @@ def test_a_bf16_checkpoint_is_float32_and_translates_without_bf16(bf16_run):
     assert same >= 0.8 * N_TEST, f"only {same} of {N_TEST} translations agree"
 
 
-def test_interactive_and_the_hub_translate_in_bf16(bf16_run):
+def test_interactive_and_the_hub_translate_in_bf16(bf16_run, monkeypatch):
     work, _ = bf16_run
     result = run(
         "fairseq-interactive",
@@ -404,6 +411,18 @@ def test_interactive_and_the_hub_translate_in_bf16(bf16_run):
     assert not torch.equal(fp32["positional_scores"], bf16["positional_scores"]), "bf16=True translated in bfloat16"
     torch.testing.assert_close(bf16["positional_scores"], fp32["positional_scores"], rtol=0, atol=0.1)
     assert {p.dtype for p in hubs[1].parameters()} == {torch.float32}
+
+    # the hub says it too, as a Python warning, where the CPU has no bf16 units (either forced)
+    for units in (False, True):
+        with monkeypatch.context() as forced, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            forced.setattr(precision, "native_on_cpu", lambda: units)
+            hubs[1].translate(sentence, beam=4)
+            hubs[0].translate(sentence, beam=4)  # float32: nothing to say
+        said = [
+            str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "bf16=True" in str(w.message)
+        ]
+        assert said == ([] if units else [HUB_EMULATED]), said
 
 
 def test_ctrl_c_and_resume_reproduce_an_uninterrupted_bf16_run(bf16_run, tmp_path):

@@ -127,7 +127,8 @@ def hub_generates_in_bf16(generate):
     """The hub interface (``from_pretrained``) translates in bf16 when loaded with ``bf16=True``
     (fairseq's keyword arguments set the loaded configuration: ``cfg.common.bf16``): every
     ``translate``, ``sample`` and ``generate`` then runs under the bf16 autocast on the models'
-    device, the models staying float32. (No fairseq issue found.)
+    device, the models staying float32; on a CPU without bf16 units, with a ``RuntimeWarning``.
+    (No fairseq issue found.)
 
     Call site: ``translate`` and ``sample`` call ``self.generate``.
 
@@ -139,6 +140,7 @@ def hub_generates_in_bf16(generate):
         if not precision.requested(common):
             return generate(self, *args, **kwargs)
         precision.check(common)
+        precision.warn_hub_if_emulated(self.device.type)
         with precision.autocast(self.device.type):
             return generate(self, *args, **kwargs)
 
