@@ -883,10 +883,12 @@ def _quality_report():
 
 
 COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de*.json"))
+# the published recipe's studies are scored their own way: test_published_recipe.py rescores them
+OWN_RECIPE_STUDIES = [path for path in COMMITTED_STUDIES if not path.stem.endswith("-published")]
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
-@pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)
+@pytest.mark.parametrize("path", OWN_RECIPE_STUDIES, ids=lambda path: path.stem)
 def test_the_committed_quality_studies_rescore_from_their_translations(path):
     """Every run of a committed quality study: its gzipped translations (of the test sets, and of the
     validation set where it was scored), scored again against the raw references, give the
