@@ -18,12 +18,12 @@ median of each and the medians of the per-repeat ratios analysis / forward and a
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 import torch
+from host import cpu_model  # benchmarks/host.py, beside this script
 
 from fairseq_realformer.analysis import cli
 from fairseq_realformer.analysis.measure import measure
@@ -83,8 +83,7 @@ def main(argv=None) -> None:
         "batches": len(samples),
         "device": torch.cuda.get_device_name()
         if use_cuda
-        else f"CPU ({platform.processor() or platform.machine()}), "
-        f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores",
+        else f"CPU ({cpu_model()}), {torch.get_num_threads()} torch threads, {os.cpu_count()} cores",
         "median_s": {name: statistics.median(t) for name, t in times.items()},
         "median_ratio": {name: statistics.median(r) for name, r in ratios.items()},
         "repeats_s": times,

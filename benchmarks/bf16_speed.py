@@ -35,7 +35,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -45,6 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host import host  # noqa: E402
 from quality import PRESETS  # noqa: E402
 from repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
 
@@ -86,7 +86,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
     p.add_argument("--out", default=str(REPO / "runs" / "bf16-speed"), help="work folder (default: %(default)s)")
-    p.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores")
+    p.add_argument("--machine", default=host())
     p.add_argument("--json", help="also write the numbers here")
     args = p.parse_args(argv)
     if args.quick:

@@ -20,7 +20,6 @@ examples/multi30k/run.sh --prepare-only), for ``--epochs`` epochs with validatio
 
 import argparse
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -33,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fairseq_log  # noqa: E402
+from host import host  # noqa: E402
 from repo import MULTI30K, REPO, USER_DIR, VARIANTS  # noqa: E402
 from speed import write_result  # noqa: E402
 
@@ -157,11 +157,10 @@ def main(argv=None):
         import torch
 
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
         argv = sys.argv[1:] if argv is None else argv
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "work")}
         write_result(
-            args.json, "compiled_train.py", argv, device, machine, settings=settings, runs=runs, wps_ratio=ratio
+            args.json, "compiled_train.py", argv, device, host(), settings=settings, runs=runs, wps_ratio=ratio
         )
 
 

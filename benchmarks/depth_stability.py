@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fairseq_log  # noqa: E402
 import multi30k_args  # noqa: E402
+from host import host  # noqa: E402
 from repo import REPO, USER_DIR, VARIANTS  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -73,7 +73,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--machine",
-        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        default=host(),
         help="the machine, recorded with --add-to (default: %(default)s)",
     )
     args = p.parse_args(argv)

@@ -79,7 +79,6 @@ import datetime
 import fcntl
 import json
 import os
-import platform
 import re
 import shlex
 import signal
@@ -96,6 +95,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dropout_gap as gap_script  # noqa: E402
 import multi30k_args  # noqa: E402
 import quality_report  # noqa: E402
+from host import cpu_model, host  # noqa: E402
 from repo import REPO, USER_DIR, VARIANTS, VENV, repo_relative  # noqa: E402
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
@@ -227,7 +227,7 @@ def build_parser():
     )
     p.add_argument(
         "--machine",
-        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        default=host(),
         help="the machine, for the figures' titles and the JSON (default: %(default)s)",
     )
     multi30k_args.add(p, DEFAULT_VARIANTS, also=STOCK)
@@ -501,6 +501,11 @@ class Runner:
         if self.args.jobs > 1:
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         start = time.time()
+        with open(
+            run_dir / "machines.jsonl", "a"
+        ) as machines:  # before it starts: a killed attempt writes nothing after
+            started = datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds")
+            machines.write(json.dumps({"started": started, "cpu": cpu_model()}) + "\n")
         with open(run_dir / "recipe.log", "a") as log:
             with self.lock:
                 if self.stopping:  # a stop came while this run was queued: nothing starts, nothing said
@@ -516,7 +521,7 @@ class Runner:
             attempts.write(
                 json.dumps(
                     {
-                        "started": datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds"),
+                        "started": started,
                         "wall_s": round(time.time() - start, 1),
                         "returncode": returncode,
                     }

@@ -10,6 +10,8 @@ their run folders:
   (multi-bleu's, on the tokenised lowercased text) against the tokenised reference it names;
 - RUN/attempts.jsonl: one line per attempt of the recipe that ended, with its wall time (an
   attempt killed with its machine or session writes none: its time is read from train.log);
+- RUN/machines.jsonl: one line per attempt, written as it starts: its processor (a run that spans
+  sessions may have trained on different VMs);
 - RUN/diverged.json: where a run diverged (benchmarks/quality.py stops it there; see divergence()).
 """
 
@@ -119,6 +121,11 @@ def unrecorded_attempts(train_log, attempts):
     covers: an attempt killed with its session (SIGKILL) leaves its log lines but no attempt
     record. Each is counted from its first to its last logged line, a lower bound (the recipe's
     few seconds before fairseq-train starts, and what it did after its last line, are missed)."""
+    return [seconds for _, seconds in _unrecorded_spans(train_log, attempts)]
+
+
+def _unrecorded_spans(train_log, attempts):
+    """(first logged line, seconds) of each invocation unrecorded_attempts counts."""
     invocations = []  # [first, last] timestamp of each fairseq-train in the log
     for line in read_lines(train_log) if Path(train_log).exists() else []:
         match = _TIMESTAMP.match(line)
@@ -130,10 +137,32 @@ def unrecorded_attempts(train_log, attempts):
         invocations[-1][1] = stamp
     spans = [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a]
     return [
-        round((last - first).total_seconds(), 1)
+        (first, round((last - first).total_seconds(), 1))
         for first, last in invocations
         if not any(start <= first <= start + datetime.timedelta(seconds=wall) for start, wall in spans)
     ]
+
+
+def wall_s_by_cpu(attempts, killed, machines):
+    """Wall seconds per processor model: each attempt (recorded in *attempts*, or killed: *killed*'s
+    (first logged line, seconds)) trained on the processor of the last *machines* record written
+    after the attempt before it started and not after it started; "not recorded" where there is
+    none (attempts from before quality.py wrote machines.jsonl)."""
+    spans = sorted(
+        [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a] + killed
+    )
+    records = sorted((datetime.datetime.fromisoformat(m["started"]), m["cpu"]) for m in machines)
+    seconds = {}
+    unplaced = sum(a["wall_s"] for a in attempts if "started" not in a)
+    if unplaced:
+        seconds["not recorded"] = unplaced
+    previous = datetime.datetime.min
+    for start, wall in spans:
+        cpus = [cpu for stamp, cpu in records if previous < stamp <= start]
+        cpu = cpus[-1] if cpus else "not recorded"
+        seconds[cpu] = round(seconds.get(cpu, 0.0) + wall, 1)
+        previous = start
+    return seconds
 
 
 _STOPPED = {  # fairseq-train's own words for why it stopped, in its log
@@ -167,19 +196,19 @@ def run_summary(run_dir):
         seconds += epoch_tokens / fields["wps"] if fields["wps"] else 0.0
         previous = fields["num_updates"]
     curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
-    attempts = (
-        [json.loads(line) for line in read_lines(run_dir / "attempts.jsonl")]
-        if (run_dir / "attempts.jsonl").exists()
-        else []
+    attempts, machines = (
+        [json.loads(line) for line in read_lines(run_dir / name)] if (run_dir / name).exists() else []
+        for name in ("attempts.jsonl", "machines.jsonl")
     )
-    killed = unrecorded_attempts(run_dir / "train.log", attempts)
+    killed = _unrecorded_spans(run_dir / "train.log", attempts)
     return {
         "updates": updates,
         "epochs": len(epochs),
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "best_valid_loss": min(loss for _, loss in curve) if curve else None,
         "valid_curve": curve,
-        "wall_s": round(sum(a["wall_s"] for a in attempts) + sum(killed), 1),
+        "wall_s": round(sum(a["wall_s"] for a in attempts) + sum(seconds for _, seconds in killed), 1),
+        "wall_s_by_cpu": wall_s_by_cpu(attempts, killed, machines),
         "attempts": len(attempts) + len(killed),
         **({"stopped_by": stop} if (stop := stopped_by(run_dir / "train.log")) else {}),
     }

@@ -48,7 +48,6 @@ import datetime
 import gc
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -59,6 +58,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host import cpu_model, host  # noqa: E402
 from repo import USER_DIR  # noqa: E402  (variants read as a file: fairseq is not imported yet)
 from repo import VARIANTS as PLUGIN_VARIANTS  # noqa: E402
 
@@ -498,17 +498,16 @@ def saved_for_backward_bytes(args, variant, size, length):
 
 def machine(args):
     """The hardware beside the device: the GPU's memory and the host's processor and cores."""
-    host = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     if str(args.device).startswith("cuda"):
         gpu = torch.cuda.get_device_properties(args.device)
-        return f"{gpu.name} ({gpu.total_memory / 2**30:.0f} GiB); host {host}"
-    return host
+        return f"{gpu.name} ({gpu.total_memory / 2**30:.0f} GiB); host {host()}"
+    return host()
 
 
 def device_name(args):
     if str(args.device).startswith("cuda"):
         return f"{torch.cuda.get_device_name()} ({PRECISIONS[args.dtype]})"
-    return f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (fp32)"
+    return f"CPU: {cpu_model()}, {torch.get_num_threads()} threads (fp32)"
 
 
 def paired(run):

@@ -669,6 +669,8 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     resumed = (out / "realformer" / "seed1" / "train.log").read_text()
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch [12] @ \d+ updates\)", resumed)
     assert len((out / "realformer" / "seed1" / "attempts.jsonl").read_text().splitlines()) == 2
+    machines = (out / "realformer" / "seed1" / "machines.jsonl").read_text().splitlines()
+    assert [json.loads(line)["cpu"] for line in machines] == [load_script("host", BENCHMARKS).cpu_model()] * 2
 
     recipe = out / "realformer" / "seed2"
     assert (recipe / "bin").resolve() == (out / "data" / "bin").resolve()  # binarised once, shared
@@ -693,6 +695,8 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     for r in result["runs"]:
         assert list(r["test_sets"]) == test_sets and r["updates"] > 0 and r["wall_s"] > 0 and r["tokens_per_s"] > 0
         assert len(r["valid_curve"]) == 2 and r["best_valid_loss"] == min(loss for _, loss in r["valid_curve"])
+        assert list(r["wall_s_by_cpu"]) == [load_script("host", BENCHMARKS).cpu_model()]
+        assert sum(r["wall_s_by_cpu"].values()) == pytest.approx(r["wall_s"], abs=0.2)
         assert r["val"]["signature"].startswith("nrefs:1|case:mixed")  # the validation set is scored too
         gap = r["dropout_gap"]["rows"]  # --dropout-gap: both epoch checkpoints (--tiny keeps 2), then the average
         assert [row["checkpoint"] for row in gap] == ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_avg.pt"]
@@ -818,27 +822,33 @@ def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_s
     assert summary["valid_curve"] == [(10, 8.5), (20, 7.5)] and summary["best_valid_loss"] == 7.5
 
 
+_START = "{} | INFO | fairseq_cli.train | {{'_name': None, 'common': {{}}}}"  # a fairseq-train invocation
+_EPOCH = "{} | INFO | train | epoch {:03d} | loss 9.0 | wps 1000.0 | wpb 100.0 | num_updates {} | train_wall 9"
+
+
+def _run_with_train_log(tmp_path, lines):
+    """A run folder whose fairseq-train log is *lines*."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train.log").write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
 def test_a_run_summary_counts_the_time_of_attempts_killed_with_their_session(tmp_path):
     """A session's end kills the study with SIGKILL: its attempt writes no attempts.jsonl line, but
     its fairseq-train logged; that invocation's first-to-last-line time counts in the run's wall
     time, the recorded attempt's own invocation only once."""
     report = _quality_report()
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    start = "{} | INFO | fairseq_cli.train | {{'_name': None, 'common': {{}}}}"
-    epoch = "{} | INFO | train | epoch {:03d} | loss 9.0 | wps 1000.0 | wpb 100.0 | num_updates {} | train_wall 9"
-    (run_dir / "train.log").write_text(
-        "\n".join(
-            [
-                "/site-packages/fairseq/...: UserWarning: a line without a time",
-                start.format("2026-11-24 09:07:34"),
-                epoch.format("2026-11-24 09:10:00", 1, 10),
-                epoch.format("2026-11-24 09:14:10", 2, 20),  # then killed: 396 s logged
-                start.format("2026-11-24 09:26:25"),
-                epoch.format("2026-11-24 09:40:00", 3, 30),  # resumed, finished
-            ]
-        )
-        + "\n"
+    run_dir = _run_with_train_log(
+        tmp_path,
+        [
+            "/site-packages/fairseq/...: UserWarning: a line without a time",
+            _START.format("2026-11-24 09:07:34"),
+            _EPOCH.format("2026-11-24 09:10:00", 1, 10),
+            _EPOCH.format("2026-11-24 09:14:10", 2, 20),  # then killed: 396 s logged
+            _START.format("2026-11-24 09:26:25"),
+            _EPOCH.format("2026-11-24 09:40:00", 3, 30),  # resumed, finished
+        ],
     )
     (run_dir / "attempts.jsonl").write_text('{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n')
     summary = report.run_summary(run_dir)
@@ -848,6 +858,30 @@ def test_a_run_summary_counts_the_time_of_attempts_killed_with_their_session(tmp
         '{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n'
     )
     assert (report.run_summary(run_dir)["attempts"], report.run_summary(run_dir)["wall_s"]) == (2, 1310.0)
+
+
+def test_a_run_that_spans_sessions_says_how_long_it_trained_on_each_processor(tmp_path):
+    """The sessions' VMs change: each attempt's processor, written as it starts (machines.jsonl),
+    goes with that attempt, killed or recorded; attempts from before the record "not recorded"."""
+    report = _quality_report()
+    run_dir = _run_with_train_log(
+        tmp_path,
+        [
+            _START.format("2026-11-24 09:00:00"),
+            _EPOCH.format("2026-11-24 09:01:40", 1, 10),  # killed: 100 s, before machines.jsonl existed
+            _START.format("2026-11-25 10:00:05"),
+            _EPOCH.format("2026-11-25 10:05:05", 2, 20),  # killed: 300 s on an AMD EPYC
+            _START.format("2026-11-26 08:00:04"),
+            _EPOCH.format("2026-11-26 08:10:00", 3, 30),  # finished on an Intel Xeon: recorded, 600 s
+        ],
+    )
+    (run_dir / "attempts.jsonl").write_text('{"started": "2026-11-26T08:00:00", "wall_s": 600.0, "returncode": 0}\n')
+    (run_dir / "machines.jsonl").write_text(
+        '{"started": "2026-11-25T10:00:00", "cpu": "AMD EPYC"}\n{"started": "2026-11-26T08:00:00", "cpu": "Intel Xeon"}\n'
+    )
+    summary = report.run_summary(run_dir)
+    assert summary["wall_s_by_cpu"] == {"not recorded": 100.0, "AMD EPYC": 300.0, "Intel Xeon": 600.0}
+    assert (summary["attempts"], summary["wall_s"]) == (3, 1000.0)
 
 
 def test_the_permutation_test_across_seeds_counts_every_split_of_the_seeds():
