@@ -501,9 +501,8 @@ class Runner:
         if self.args.jobs > 1:
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         start = time.time()
-        with open(
-            run_dir / "machines.jsonl", "a"
-        ) as machines:  # before it starts: a killed attempt writes nothing after
+        # written before it starts: an attempt killed with its session writes nothing after
+        with open(run_dir / "machines.jsonl", "a") as machines:
             started = datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds")
             machines.write(json.dumps({"started": started, "cpu": cpu_model()}) + "\n")
         with open(run_dir / "recipe.log", "a") as log:

@@ -135,7 +135,7 @@ def _unrecorded_spans(train_log, attempts):
         if _TRAIN_START in line:
             invocations.append([stamp, stamp])
         invocations[-1][1] = stamp
-    spans = [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a]
+    spans = _recorded_spans(attempts)
     return [
         (first, round((last - first).total_seconds(), 1))
         for first, last in invocations
@@ -143,14 +143,17 @@ def _unrecorded_spans(train_log, attempts):
     ]
 
 
+def _recorded_spans(attempts):
+    """(start, seconds) of each recorded attempt that says when it started."""
+    return [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a]
+
+
 def wall_s_by_cpu(attempts, killed, machines):
     """Wall seconds per processor model: each attempt (recorded in *attempts*, or killed: *killed*'s
     (first logged line, seconds)) trained on the processor of the last *machines* record written
     after the attempt before it started and not after it started; "not recorded" where there is
     none (attempts from before quality.py wrote machines.jsonl)."""
-    spans = sorted(
-        [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a] + killed
-    )
+    spans = sorted(_recorded_spans(attempts) + killed)
     records = sorted((datetime.datetime.fromisoformat(m["started"]), m["cpu"]) for m in machines)
     seconds = {}
     unplaced = sum(a["wall_s"] for a in attempts if "started" not in a)
