@@ -132,13 +132,27 @@ def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
     }
 
 
+def write_json(args, argv, runs, ratio):
+    if args.json:
+        import torch
+
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+        argv = sys.argv[1:] if argv is None else argv
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "work")}
+        write_result(
+            args.json, "compiled_train.py", argv, device, host(), settings=settings, runs=runs, wps_ratio=ratio
+        )
+
+
 def main(argv=None):
     args = parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="compiled-train-"))
     work.mkdir(parents=True, exist_ok=True)
     data = prepare(args, work)
-    runs = [train(args, data, work, seed, compiled=False) for seed in args.seeds]
-    runs.append(train(args, data, work, args.seeds[0], compiled=True))
+    runs = []
+    for seed, compiled in [(seed, False) for seed in args.seeds] + [(args.seeds[0], True)]:
+        runs.append(train(args, data, work, seed, compiled))
+        write_json(args, argv, runs, None)  # a run stopped at a time limit keeps the runs it finished
     eager, compiled = runs[0], runs[-1]
     ratio = compiled["wps"] / eager["wps"] if eager["wps"] and compiled["wps"] else None
     loss_change = (compiled["loss_at_end"] - eager["loss_at_end"]) / eager["loss_at_end"]
@@ -153,15 +167,7 @@ def main(argv=None):
     print(
         f"compiled / eager words/s: {ratio:.3f}; loss at the end {loss_change:+.2%}; {'; '.join(compiled['compile_log'])}"
     )
-    if args.json:
-        import torch
-
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-        argv = sys.argv[1:] if argv is None else argv
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "work")}
-        write_result(
-            args.json, "compiled_train.py", argv, device, host(), settings=settings, runs=runs, wps_ratio=ratio
-        )
+    write_json(args, argv, runs, ratio)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,17 @@ _variants = runpy.run_path(str(USER_DIR / "variants.py"))
 VARIANTS, parse_variants = _variants["VARIANTS"], _variants["parse"]
 
 
+def import_fairseq_quietly():
+    """Import fairseq and the plugin, then put the root logger back at WARNING: `import fairseq`
+    leaves it at DEBUG (a speech task of fairseq's calls basicConfig), and every library's chatter
+    would reach the output, torch inductor's file locks alone hundreds of lines a compile."""
+    import logging
+
+    import fairseq_realformer  # noqa: F401  (imports fairseq)
+
+    logging.getLogger().setLevel(logging.WARNING)
+
+
 def repo_relative(path) -> str:
     """*path* as the repository's files name it (relative to it), or absolute when outside it."""
     path = Path(path).resolve()

@@ -58,8 +58,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from budget import Budget, Cell, Expected, run  # noqa: E402
 from host import cpu_model, host  # noqa: E402
-from repo import USER_DIR  # noqa: E402  (variants read as a file: fairseq is not imported yet)
+from repo import USER_DIR, import_fairseq_quietly  # noqa: E402  (variants read as a file: no fairseq yet)
 from repo import VARIANTS as PLUGIN_VARIANTS  # noqa: E402
 
 VARIANTS = {
@@ -67,6 +68,7 @@ VARIANTS = {
     **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()},
 }
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
+BASELINE = "fairseq"  # measured first in each cell; the ratios are to it
 COMPILED = "+compiled"  # a variant's suffix: its layers compiled
 
 
@@ -87,6 +89,8 @@ PRECISIONS = {
 }
 FP16_LOSS_SCALE = 128.0  # fairseq's --fp16-init-scale
 VOCAB = 10000
+COMPILE_GUESS_S = 120  # --compile-guess: a compiled variant's first step before any has compiled here
+SETUP_GUESS_S = 30  # the first variant's build, first steps and timed steps, before anything is seen
 
 
 def parse_args(argv=None):
@@ -126,7 +130,24 @@ def parse_args(argv=None):
         help="count the CUDA kernels of one training step per variant (torch.profiler; none on a CPU) "
         "and name the attention kernels among them",
     )
-    p.add_argument("--json", help="also write the numbers here")
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="the seconds this run may use: a variant or a memory probe starts only if what it is "
+        "expected to take fits in what is left (benchmarks/budget.py); the baseline and the next "
+        "variant at the first cell run whatever (default: no limit)",
+    )
+    p.add_argument(
+        "--compile-guess",
+        type=float,
+        default=COMPILE_GUESS_S,
+        metavar="SECONDS",
+        help="the first compiled variant's expected compile time, before any has compiled "
+        "(default: %(default)s; later ones expect what was seen)",
+    )
+    p.add_argument("--json", help="also write the numbers here, as each variant is measured")
+    p.add_argument("--summary", metavar="JSON", help="print the short table of this run's JSON, and nothing else")
     p.add_argument("--memory-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
     p.add_argument("--saved-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -297,61 +318,94 @@ def timed(fn):
     return time.perf_counter() - start
 
 
-def measure_speed(args, size, length, generation=True):
-    """Interleaved repeats over variants; medians of training tokens/s and (with *generation*)
-    generation sents/s; with --profile, each variant's CUDA kernels in one training step. The
-    first training step of each variant (a compiled one compiles in it) is timed apart."""
-    from fairseq_realformer.modules.compiled import COMPILE_TIME
+class Timings:
+    """budget.Measurer for speed.py. A cell's baseline (``fairseq``, measured first) stays built
+    until the cell's timings end, and every other variant's timed steps alternate with the
+    baseline's, repeat by repeat: its paired ratio compares steps taken side by side in time, and
+    each variant's record is whole (and written) as soon as it is measured."""
 
-    benches = {v: Bench(v, SIZES[size], length, args) for v in args.variants}
-    generates = {v for v in benches if generation and args.gen_sentences > 0 and not v.endswith(COMPILED)}
-    warmup, compiling = {}, {}
-    for v, bench in benches.items():  # warm-up: allocator, kernels, lazy initialisation, compiling
+    def __init__(self, args):
+        self.args, self.baseline = args, None
+        self.fresh_probes = not str(args.device).startswith("cuda")  # peak_memory: a CPU's in a new process
+
+    def compiles(self, variant):
+        return variant.endswith(COMPILED)
+
+    def time(self, variant, cell):
+        """Build *variant*; its first training step timed apart (a compiled one compiles in it), a
+        second untimed; with --profile its CUDA kernels in one step; then --repeats of --steps."""
+        from fairseq_realformer.modules.compiled import COMPILE_TIME
+
+        args = self.args
+        args.tokens_per_batch = cell.tokens  # what Bench reads
+        start = time.perf_counter()
+        bench = Bench(variant, cell.layers, cell.length, args)
+        build_s = time.perf_counter() - start
         before = COMPILE_TIME.seconds
-        warmup[v] = timed(lambda: bench.train_steps(1))
-        compiling[v] = COMPILE_TIME.seconds - before
-        bench.train_steps(1)  # a second step: a compiled step's backward may compile lazily
-        if v in generates:
+        warmup_s = timed(lambda: bench.train_steps(1))
+        compile_s = COMPILE_TIME.seconds - before
+        steps_start = time.perf_counter()
+        bench.train_steps(1)  # a compiled step's backward may compile lazily, at its second use
+        # generation at the first batch size only, eager only (a compiled variant decodes eager)
+        generates = cell.tokens == args.token_budgets[0] and args.gen_sentences > 0 and not self.compiles(variant)
+        if generates:
             bench.generate()
-    kernels = {v: cuda_kernels_of_a_training_step(bench) for v, bench in benches.items()} if args.profile else {}
-    train, gen = {v: [] for v in benches}, {v: [] for v in generates}
-    tokens = {v: bench.tokens for v, bench in benches.items()}
-    for _ in range(args.repeats):
-        for v, bench in benches.items():
-            train[v].append(bench.tokens * args.steps / timed(lambda: bench.train_steps(args.steps)))
-            if v in generates:
-                gen[v].append(args.gen_sentences / timed(bench.generate))
-    del benches
+        kernels = cuda_kernels_of_a_training_step(bench) if args.profile and not self.fresh_probes else None
+        base = self.baseline if variant != BASELINE else None
+        train, base_train, gen, base_gen = [], [], [], []
+        for _ in range(args.repeats):
+            for b, series in ((base, base_train), (bench, train)):
+                if b is not None:
+                    series.append(b.tokens * args.steps / timed(lambda: b.train_steps(args.steps)))
+            for b, series in ((base, base_gen), (bench, gen)):
+                if generates and b is not None:
+                    series.append(args.gen_sentences / timed(b.generate))
+        steps_s = time.perf_counter() - steps_start  # for the budget: what grows with a step's work
+        if variant == BASELINE:
+            self.baseline, base_train, base_gen = bench, train, gen
 
-    def spread(xs):  # how much the repeats disagree: the noise floor of the ratios
-        return (max(xs) - min(xs)) / statistics.median(xs)
+        def spread(xs):  # how much the repeats disagree: the noise floor of the ratios
+            return (max(xs) - min(xs)) / statistics.median(xs)
 
-    def paired(series, v):  # median of the per-repeat ratios: a slow drift of the machine cancels out
-        if "fairseq" not in series or v not in series:
-            return None
-        return statistics.median(x / b for x, b in zip(series[v], series["fairseq"]))
+        def paired(xs, bs):  # median of the per-repeat ratios: a slow drift of the machine cancels out
+            return statistics.median(x / b for x, b in zip(xs, bs)) if bs else None
 
-    return {
-        v: {
-            "train_tokens_per_s": statistics.median(train[v]),
-            "train_step_ms": 1e3 * tokens[v] / statistics.median(train[v]),
-            "train_spread": spread(train[v]),
-            "train_ratio_paired": paired(train, v),
-            "warmup_s": warmup[v],
-            "compile_s": compiling[v],
-            **(
-                {
-                    "gen_sents_per_s": statistics.median(gen[v]),
-                    "gen_spread": spread(gen[v]),
-                    "gen_ratio_paired": paired(gen, v),
-                }
-                if v in gen
-                else {}
-            ),
-            **({"cuda_kernels": kernels[v]} if v in kernels else {}),
+        record = {
+            "variant": variant,
+            "size": cell.size,
+            "length": cell.length,
+            "tokens_per_batch": cell.tokens,
+            "train_tokens_per_s": statistics.median(train),
+            "train_step_ms": 1e3 * bench.tokens / statistics.median(train),
+            "train_spread": spread(train),
+            "train_ratio_paired": paired(train, base_train),
+            "build_s": build_s,
+            "warmup_s": warmup_s,
+            "compile_s": compile_s,
+            "steps_s": steps_s,
         }
-        for v in train
-    }
+        if generates:
+            record.update(gen_sents_per_s=statistics.median(gen), gen_spread=spread(gen))
+            record["gen_ratio_paired"] = paired(gen, base_gen)
+        if kernels is not None:
+            record["cuda_kernels"] = kernels
+        print(
+            f"[speed {time.strftime('%H:%M:%S')}] {cell.describe()}: {variant} {record['train_tokens_per_s']:.0f} tokens/s, "
+            f"first step {warmup_s:.1f} s (compiling {compile_s:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return record
+
+    def end_timings(self, cell):
+        self.baseline = None
+        gc.collect()
+        if str(self.args.device).startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    def probe(self, variant, cell):
+        self.args.tokens_per_batch = cell.tokens
+        return peak_memory(self.args, variant, cell.size, cell.length)
 
 
 # Substrings of the CUDA kernel names of PyTorch's SDPA backends (and of eager attention's pieces).
@@ -531,7 +585,7 @@ def attention_ms(run):
     return ", ".join(f"{backend} {us / 1e3:.2f}" for backend, us in sorted(by_backend.items()))
 
 
-def report(args, runs):
+def report(args, runs, skipped=(), budget=None):
     budgets = ", ".join(map(str, args.token_budgets))
     lines = [
         f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{budgets} "
@@ -552,7 +606,7 @@ def report(args, runs):
         gen_spread = f"{r['gen_spread']:.0%}" if "gen_spread" in r else "—"
         line = (
             f"| {r['size']} | {r['length']} | {r['tokens_per_batch']} | {r['variant']} | "
-            f"{r['train_tokens_per_s']:.0f} | {ratio('train_tokens_per_s')} | {r['peak_mem_bytes'] / 2**20:.0f} | "
+            f"{r['train_tokens_per_s']:.0f} | {ratio('train_tokens_per_s')} | {mib(r.get('peak_mem_bytes'))} | "
             f"{ratio('peak_mem_bytes')} | {gen} | {ratio('gen_sents_per_s')} | {paired(r)} | "
             f"{r['train_spread']:.0%} / {gen_spread} |"
         )
@@ -585,11 +639,47 @@ def report(args, runs):
             "length (well under 100 %: the step waits on the host). attention kernels: their time in that "
             "step, by SDPA backend."
         )
+    return "\n".join(lines + ["", short_table(runs, skipped, budget)])
+
+
+def mib(n):
+    return "—" if n is None else f"{n / 2**20:.0f}"
+
+
+def short_table(runs, skipped, budget):
+    """What a reader of the run's last lines needs: each variant's paired speed and memory against
+    the baseline of its cell, its first step, and what the budget skipped."""
+    base = {(r["size"], r["length"], r["tokens_per_batch"]): r for r in runs if r["variant"] == BASELINE}
+    lines = [
+        "| cell | variant | tokens/s | paired × fairseq | memory × fairseq | first step (compiling) |",
+        "|" + "---|" * 6,
+    ]
+    for r in runs:
+        b = base.get((r["size"], r["length"], r["tokens_per_batch"]), {})
+        memory = "—"
+        if r.get("peak_mem_bytes") and b.get("peak_mem_bytes"):
+            memory = f"{r['peak_mem_bytes'] / b['peak_mem_bytes']:.3f}"
+        ratio = "—" if r.get("train_ratio_paired") is None else f"{r['train_ratio_paired']:.3f}"
+        lines.append(
+            f"| {r['size']}/{r['length']}/{r['tokens_per_batch']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
+            f"{ratio} | {memory} | {r['warmup_s']:.1f} s ({r['compile_s']:.1f} s) |"
+        )
+    lines += [
+        f"skipped: {s['what']} of {s['variant']} at {s['size']}/{s['length']}/{s['tokens_per_batch']}" for s in skipped
+    ]
+    if budget is not None and budget.seconds is not None:
+        lines.append(f"budget: {budget.used():.0f} s used of {budget.seconds:.0f} s; {len(skipped)} steps skipped")
     return "\n".join(lines)
 
 
 def main():
     args = parse_args()
+    if args.summary:
+        result = json.loads(Path(args.summary).read_text())
+        print(f"{result['device']}; {result['date']}")
+        print(short_table(result["runs"], result.get("skipped", []), None))
+        return
+    import_fairseq_quietly()
     # several variants and cells in one process keep their graphs side by side on each layer
     # class's compiled forward (fairseq_realformer/modules/compiled.py): more than one run needs
     torch._dynamo.config.recompile_limit = 64  # (cache_size_limit before PyTorch 2.6, an alias since)
@@ -598,35 +688,29 @@ def main():
             variant, size, length = probe
             print(measure(args, variant, size, int(length)))
             return
-    runs = []
-    for size in args.sizes:
-        for length in args.lengths:
-            for budget in args.token_budgets:
-                args.tokens_per_batch = budget  # what Bench and the memory probes read
-                print(
-                    f"[speed] {size}, length {length}, {budget} tokens: timing {', '.join(args.variants)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                speed = measure_speed(args, size, length, generation=budget == args.token_budgets[0])
-                for v in args.variants:
-                    memory = peak_memory(args, v, size, length)
-                    runs.append(
-                        {
-                            "variant": v,
-                            "size": size,
-                            "length": length,
-                            "tokens_per_batch": budget,
-                            **speed[v],
-                            "peak_mem_bytes": memory,
-                        }
-                    )
-                write_json(args, runs, [])  # partial results survive a run stopped at a time limit
+    # the question first: the baseline and the next variant given (the GPU command: the compiled
+    # RealFormer) at the first cell; then the other variants; then each larger batch, size, length
+    cells = [
+        Cell(size, SIZES[size], length, tokens)
+        for length in args.lengths
+        for size in args.sizes
+        for tokens in args.token_budgets
+    ]
+    variants = sorted(args.variants, key=lambda v: v != BASELINE)  # every other variant is paired with it
+    expected = Expected(args.compile_guess, SETUP_GUESS_S, BASELINE)
+    budget = Budget(args.budget)
+    runs, skipped = run(
+        cells,
+        variants,
+        Timings(args),
+        budget,
+        expected,
+        lambda runs, skipped: write_json(args, runs, [], skipped, budget),
+    )
     args.tokens_per_batch = args.token_budgets[0]
-    print(report(args, runs), flush=True)
-    write_json(args, runs, [])
     saved = count_saved_activations(args) if args.saved_activations else []
-    write_json(args, runs, saved)
+    write_json(args, runs, saved, skipped, budget)
+    print(report(args, runs, skipped, budget), flush=True)
 
 
 def count_saved_activations(args):
@@ -672,7 +756,7 @@ def write_result(path, script, argv, device, machine, **content):
     Path(path).write_text(json.dumps({**header, **content}, indent=1))
 
 
-def write_json(args, runs, saved):
+def write_json(args, runs, saved, skipped, budget):
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "memory_probe", "saved_probe")}
         write_result(
@@ -682,7 +766,9 @@ def write_json(args, runs, saved):
             device_name(args),
             machine(args),
             settings=settings,
+            budget={"seconds": budget.seconds, "used_s": round(budget.used(), 1)},
             runs=runs,
+            skipped=skipped,
             saved_for_backward=saved,
         )
 

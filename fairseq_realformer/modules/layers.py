@@ -43,6 +43,12 @@ Carry = namedtuple("Carry", (*PATHS, "stream"), defaults=(*(Carried(),) * len(PA
 NOTHING_CARRIED = Carry()  # what a stack's first layer receives
 
 
+def replaced(carry: Carry, **fields) -> Carry:
+    """*carry* with *fields* replaced. Not ``carry._replace``: compiled (--compile-layers) under
+    PyTorch 2.11's dynamo, ``_replace`` returns an empty tuple of the class (fixed by 2.13)."""
+    return Carry(*[fields[name] if name in fields else getattr(carry, name) for name in Carry._fields])
+
+
 @torch.no_grad()
 def initialize_embeddings(options, cfg, embed_tokens: nn.Embedding, side: str) -> None:
     """What the backbone does to a stack's input embeddings at construction (T-Fixup scales
@@ -145,7 +151,7 @@ class _Backbone:
         branch also joins the stack-level stream if the backbone has one. Returns (x, carry)."""
         x = self.dropout_module(x)
         if carry.stream is not None:
-            carry = carry._replace(stream=carry.stream + x)  # ResiDual: d ← d + f(x)
+            carry = replaced(carry, stream=carry.stream + x)  # ResiDual: d ← d + f(x)
         weight = self._weight(sublayer)
         if self.admin_profiler is not None:
             self.admin_profiler(weight, residual, x)  # sets ω from this sublayer's statistics
@@ -165,7 +171,7 @@ class _Backbone:
         x, weights, carried = attention(
             query=x, key=key_value, value=key_value, **kwargs, carried=getattr(carry, sublayer.path), depth=depth
         )
-        carry = carry._replace(**{sublayer.path: carried})
+        carry = replaced(carry, **{sublayer.path: carried})
         x, carry = self._post(x, residual, sublayer, layer_norm, carry)
         return x, weights, carry
 
