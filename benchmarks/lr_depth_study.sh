@@ -11,8 +11,9 @@
 #   4. the paper's depth: admin and realformer at 18+18 layers, lr 1e-3 and 2e-3, seed 1, with the
 #      dropout gap; then seeds 2 and 3 of each at its best 18+18 rate on validation BLEU (the 2e-3
 #      runs of seed 1, committed first as a study of their own, count as this sweep's).
-#   5. depth settled (issue 69), two studies side by side, one training each: seeds 4 and 5 of admin
-#      and realformer at 18+18 (2e-3, their rate); pre-ln and deepnorm at 18+18, lr 2e-3 and 4e-3.
+#   5. depth settled (issue 69): seeds 4 and 5 of admin and realformer at 18+18 (at 2e-3, their
+#      rate); then pre-ln and deepnorm at 18+18, lr 2e-3 and 4e-3, seed 1, and the rate beyond the
+#      better one's edge (1e-3 or 8e-3, --widen); then seeds 2 and 3 of each at its best of the three.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 #
 #   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5]
@@ -73,15 +74,11 @@ nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]
   --machine "$machine" --json "$results/cpu-quality-depth-18-multi30k-en-de$tag.json"
 fi
 if stage 5; then
-say "5/5 depth settled: admin, realformer seeds 4, 5 and pre-ln, deepnorm at 18+18 in $out/depth-18, one training each"
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # two studies of --jobs 1 side by side: a core each
-depth18=(--preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --seeds 1 --jobs 1 --dropout-gap --out "$out/depth-18" --machine "$machine")
-nice -n 19 "$py" "$root/benchmarks/quality.py" "${depth18[@]}" --lr 2e-3,4e-3 --variants pre-ln,deepnorm \
-  --json "$results/cpu-quality-depth-18-pre-ln-deepnorm-multi30k-en-de$tag.json" &
-others=$!
-until [ -e "$out/depth-18/data/updates_per_epoch" ] || ! kill -0 $others 2>/dev/null; do sleep 5; done  # the data once
+say "5/5 depth settled at 18+18 in $out/depth-18: seeds 4, 5 of admin and realformer, then pre-ln and deepnorm"
+depth18=(--preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
 nice -n 19 "$py" "$root/benchmarks/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --best-seeds 2,3,4,5 --variants admin,realformer \
   --json "$results/cpu-quality-depth-18-multi30k-en-de$tag.json"
-wait $others
+nice -n 19 "$py" "$root/benchmarks/quality.py" "${depth18[@]}" --lr 2e-3,4e-3 --widen --best-seeds 2,3 --variants pre-ln,deepnorm \
+  --json "$results/cpu-quality-depth-18-pre-ln-deepnorm-multi30k-en-de$tag.json"
 fi
 say "done"

@@ -50,8 +50,10 @@ two-thread run ~4,500.
 Learning rates: --lr 2e-3,4e-3,8e-3 is a sweep, every variant at every rate. Each run also scores
 the validation set; --best-seeds 2,3 then trains those seeds for each variant at the rate where its
 --seeds runs scored the best validation BLEU (never a test set), as soon as that variant's sweep is
-in. The report is the sweep's table and figure (test BLEU against the rate), then each variant at
-its best against the others, with the comparisons above.
+in. With --widen, a variant whose best rate is the lowest or the highest of --lr also trains its
+--seeds at half that rate or twice it, and its best is chosen among the three. The report is the
+sweep's table and figure (test BLEU against the rate), then each variant at its best against the
+others, with the comparisons above.
 
     nice -n 19 python benchmarks/quality.py --preset cpu --bf16 --lr 2e-3,4e-3,8e-3 --seeds 1 \\
         --best-seeds 2,3 --variants post-ln,pre-ln,admin,realformer,post-ln-realformer --jobs 2 \\
@@ -192,6 +194,13 @@ def build_parser():
         "--seeds runs scored the best validation BLEU",
     )
     p.add_argument(
+        "--widen",
+        action="store_true",
+        help="with several --lr: where a variant's best rate is the lowest or the highest of them, also "
+        "train its --seeds at half the lowest or twice the highest, and choose among the three (no "
+        "variant loses for want of its rate)",
+    )
+    p.add_argument(
         "--best-variants",
         metavar="A,B,...",
         help="with --best-seeds: only these of --variants get the further seeds (default: all; e.g. not "
@@ -300,6 +309,14 @@ def parse_args(argv=None):
         for lr in lrs
     ]
     args.sweep, args.lr, args.lrs = sweep, None if sweep else lrs[0], lrs
+    if args.widen and not sweep:
+        p.error("--widen: needs several --lr to widen")
+    # --widen: the rate beyond each edge, trained for a variant whose best is at that edge
+    args.beyond = [
+        RunConfig(f"{variant} lr={lr:g}", variant, lr, f"-lr{lr:g}{args.run_suffix}")
+        for variant in (args.variants if args.widen else ())
+        for lr in (min(lrs) / 2, max(lrs) * 2)
+    ]
     check_best_seeds(p, args)
     args.epochs = args.epochs or preset.epochs
     args.layers = args.layers or preset.layers
@@ -579,7 +596,7 @@ def recorded_runs(args):
     defining = ("preset", "epochs", "layers", "warmup", "bf16")  # what the runs were trained with, but the rate
     if any(study.get("settings", {}).get(key) != settings(args).get(key) for key in defining):
         return {}
-    labels = {(config.variant, config.lr): config.label for config in args.configs}
+    labels = {(config.variant, config.lr): config.label for config in args.configs + args.beyond}
     recorded = {}
     for run in study["runs"]:
         label = labels.get((run["variant"], run["lr"]))
@@ -615,13 +632,15 @@ def settings(args):
         **({"lrs": args.lrs} if args.sweep else {}),
         **({"best_seeds": args.best_seeds} if args.best_seeds else {}),
         **({"best_variants": args.best_variants} if args.best_variants else {}),
+        **({"widen": True} if args.widen else {}),
         **({"bf16": True} if args.bf16 else {}),
     }
 
 
-def run_all(args, data_dir, recorded):
+def run_all(args, data_dir, recorded, on_finished=None):
     """Every (config, seed) of the study, --jobs at a time, seed 1 of every config first; with
-    --best-seeds, a variant's further seeds are queued at its best rate as soon as its sweep is in."""
+    --best-seeds, a variant's further seeds are queued at its best rate as soon as its sweep is in.
+    *on_finished*() is called each time runs finish (or diverge) while the study goes on."""
     runner = Runner(args, data_dir)
     signal.signal(signal.SIGINT, runner.stop)
     signal.signal(signal.SIGTERM, runner.stop)
@@ -638,6 +657,9 @@ def run_all(args, data_dir, recorded):
             for config in args.configs:
                 submit(config, seed)
         while True:
+            for config in widening(args, recorded):  # a variant's best at an edge: the rate beyond it
+                for seed in args.seeds:
+                    submit(config, seed)
             best = best_configs(args, recorded)
             for seed in args.best_seeds:  # seed 2 of every variant before seed 3: partial results stay balanced
                 for variant, config in best.items():
@@ -647,6 +669,8 @@ def run_all(args, data_dir, recorded):
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             errors += [future.result() for future in done if future.result()]
+            if on_finished is not None and not runner.stopping and any(not f.result() for f in done):
+                on_finished()
     if runner.stopping:
         raise SystemExit(130)
     if errors:
@@ -655,18 +679,45 @@ def run_all(args, data_dir, recorded):
 
 def best_configs(args, recorded):
     """Per variant whose --seeds runs have all finished at every rate: the config (rate) with the
-    best mean validation sacreBLEU over those seeds; diverged runs are never best."""
+    best mean validation sacreBLEU over those seeds; diverged runs are never best. With --widen, a
+    variant whose best is at an edge of --lr is decided only once the rate beyond it is in too."""
     runs = {(r["label"], r["seed"]): r for r in collect(args, recorded, seeds=args.seeds)}
     best = {}
     for variant in args.variants:
-        mine = [c for c in args.configs if c.variant == variant]
-        if not all((c.label, seed) in runs for c in mine for seed in args.seeds):
-            continue  # its sweep is not in yet
-        scored = {c: [runs[c.label, seed] for seed in args.seeds] for c in mine}
-        scored = {c: rs for c, rs in scored.items() if all(not r.get("diverged") and r.get("val") for r in rs)}
-        if scored:
-            best[variant] = max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
+        chosen = _best_of([c for c in args.configs if c.variant == variant], runs, args.seeds)
+        beyond = _beyond(args, chosen)
+        if beyond is not None:
+            chosen = _best_of([c for c in args.configs if c.variant == variant] + [beyond], runs, args.seeds)
+        if chosen is not None:
+            best[variant] = chosen
     return best
+
+
+def widening(args, recorded):
+    """--widen: the configs beyond an edge that a variant's best rate on the sweep's rates is at."""
+    runs = {(r["label"], r["seed"]): r for r in collect(args, recorded, seeds=args.seeds)}
+    chosen = (_best_of([c for c in args.configs if c.variant == v], runs, args.seeds) for v in args.variants)
+    return [beyond for beyond in map(lambda c: _beyond(args, c), chosen) if beyond is not None]
+
+
+def _beyond(args, chosen):
+    """The --widen config beyond *chosen*'s rate, if that rate is an edge of --lr; else None."""
+    if chosen is None:
+        return None
+    edges = {min(args.lrs): min(args.lrs) / 2, max(args.lrs): max(args.lrs) * 2}
+    return next((c for c in args.beyond if c.variant == chosen.variant and c.lr == edges.get(chosen.lr)), None)
+
+
+def _best_of(configs, runs, seeds):
+    """The config of *configs* with the best mean validation sacreBLEU over *seeds*, once every one
+    has finished them (None before); diverged runs are never best."""
+    if not all((c.label, seed) in runs for c in configs for seed in seeds):
+        return None
+    scored = {c: [runs[c.label, seed] for seed in seeds] for c in configs}
+    scored = {c: rs for c, rs in scored.items() if all(not r.get("diverged") and r.get("val") for r in rs)}
+    if not scored:
+        return None
+    return max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
 
 
 def collect(args, recorded, seeds=None):
@@ -674,7 +725,7 @@ def collect(args, recorded, seeds=None):
     validation set; a diverged run, where it diverged (and no scores)."""
     runs = []
     for seed in seeds or args.seeds + args.best_seeds:
-        for config in args.configs:
+        for config in args.configs + args.beyond:
             run_dir = run_folder(args, config, seed)
             names, where = finished_test_sets(run_dir), diverged(run_dir)
             if names is None and where is None:
@@ -702,7 +753,7 @@ def collect(args, recorded, seeds=None):
             if (run_dir / "score" / "val" / "scores.json").exists():
                 run["val"] = quality_report.test_set_scores(run_dir, "val", "valid", args.target_lang)
             runs.append(run)
-    labels = [config.label for config in args.configs]
+    labels = [config.label for config in args.configs + args.beyond]
     return sorted(runs, key=lambda r: (labels.index(r["label"]), r["seed"]))
 
 
@@ -761,7 +812,7 @@ def write_json(args, argv, runs, best, found, across_seeds):
             if "hypotheses_tok" in score:
                 del score["hypotheses_tok"]
                 score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
-    labels = [config.label for config in args.configs]
+    labels = [config.label for config in args.configs + args.beyond]
     result = {
         "what": describe(args),
         "command": "python benchmarks/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -790,9 +841,24 @@ def main(argv=None):
             prepare_data(args)
     else:
         data_dir = prepare_data(args)
-        run_all(args, data_dir, recorded)
+        run_all(args, data_dir, recorded, lambda: report_so_far(args, argv, recorded) if args.json else None)
+    write_report(args, argv, recorded)
+
+
+def report_so_far(args, argv, recorded):
+    """The report and --json after a run finished, while others train: a study of many sessions
+    keeps (and can commit) every run as it finishes. Its failure stops no training."""
+    try:
+        write_report(args, argv, recorded)
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        print(f"[quality {time.strftime('%H:%M:%S')}] the report so far failed ({e}); the runs go on", flush=True)
+
+
+def write_report(args, argv, recorded):
+    """The dropout gap of every finished run (--dropout-gap), the tables, the figures and --json."""
     if args.dropout_gap:
-        run_dirs = [run_folder(args, config, seed) for seed in args.seeds + args.best_seeds for config in args.configs]
+        configs = args.configs + args.beyond
+        run_dirs = [run_folder(args, config, seed) for seed in args.seeds + args.best_seeds for config in configs]
         for run_dir in filter(finished, run_dirs):
             record_dropout_gap(args, run_dir)
     runs = collect(args, recorded)
@@ -801,7 +867,8 @@ def main(argv=None):
     best = {variant: config.lr for variant, config in best_configs(args, recorded).items()} if args.sweep else {}
     study = {"settings": settings(args), "runs": runs, "best": best}
     compared = quality_report.compared_runs(study)  # each variant once: at its best rate in a sweep
-    compared_labels = [config.label for config in args.configs if any(r["label"] == config.label for r in compared)]
+    configs = args.configs + args.beyond
+    compared_labels = [config.label for config in configs if any(r["label"] == config.label for r in compared)]
     found, across_seeds = quality_report.comparisons(compared), quality_report.seed_comparisons(compared)
     if args.sweep:
         print(quality_report.sweep_table(runs, args.variants, args.lrs, describe(args), best), flush=True)

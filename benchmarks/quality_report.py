@@ -534,8 +534,9 @@ def last_gap(run):
 
 
 def sweep_table(runs, variants, lrs, what, best=None):
-    """A learning-rate sweep as Markdown: per variant and rate, the first seed's validation and test
-    sacreBLEU and best validation loss, or where it diverged; each variant's best rate marked."""
+    """A learning-rate sweep as Markdown: per variant and rate (*lrs*, and any other its runs have),
+    the first seed's validation and test sacreBLEU and best validation loss, or where it diverged;
+    each variant's best rate marked."""
     test_names = next((list(r["test_sets"]) for r in runs if r["test_sets"]), [])
     seed = min(r["seed"] for r in runs)
     gaps = any(r.get("dropout_gap") for r in runs)  # benchmarks/quality.py --dropout-gap
@@ -552,7 +553,7 @@ def sweep_table(runs, variants, lrs, what, best=None):
     ]
     by_key = {(r["variant"], r["lr"], r["seed"]): r for r in runs}
     for variant in variants:
-        for lr in lrs:
+        for lr in sorted({*lrs, *(r["lr"] for r in runs if r["variant"] == variant)}):  # and --widen's
             r = by_key.get((variant, lr, seed))
             star = " ★" if best and best.get(variant) == lr else ""
             if r is None:
@@ -725,7 +726,7 @@ def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None, name=""):
             )
             marked = True
     ax.set_xscale("log")
-    ticks = sorted({*lrs, *(r["lr"] for r in (beside[0] if beside else ()))})
+    ticks = sorted({*lrs, *(r["lr"] for r in runs), *(r["lr"] for r in (beside[0] if beside else ()))})
     ax.set_xticks(ticks, [f"{lr:g}" for lr in ticks])
     ax.minorticks_off()
     ax.set_ylim(-1, ax.get_ylim()[1] + 2)  # room above the best point, and the diverged marks at 0

@@ -400,3 +400,55 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
         [*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)]
     )
     assert quality.recorded_runs(other_depth) == {}
+
+
+def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_path, monkeypatch):
+    """--lr 2e-3,4e-3 --widen: pre-ln is best at 4e-3, an edge, so 8e-3 is trained too and, better
+    still, is where its further seeds go; deepnorm is best at 2e-3, so 1e-3 is trained too and,
+    worse, leaves it at 2e-3. Nothing else is trained beyond the edges."""
+    quality = _load("quality")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    args = quality.parse_args(
+        ["--data", str(data), "--out", str(tmp_path / "out"), "--lr", "2e-3,4e-3", "--seeds", "1"]
+        + ["--best-seeds", "2,3", "--variants", "pre-ln,deepnorm", "--widen"]
+    )
+    val = {("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0, ("pre-ln", 8e-3): 37.0}
+    val.update({("deepnorm", 1e-3): 35.0, ("deepnorm", 2e-3): 36.0, ("deepnorm", 4e-3): 34.0})
+    recorded = {}
+
+    def record(config, seed):
+        run = {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed}
+        recorded[config.label, seed] = {**run, "val": {"sacrebleu": val[config.variant, config.lr]}}
+
+    for config in args.configs:
+        record(config, 1)
+    trained = []
+
+    class Runner:  # records what would be trained, and its score, one at a time
+        stopping = False
+
+        def __init__(self, args, data_dir):
+            pass
+
+        def run(self, config, seed):
+            trained.append((config.label, seed))
+            record(config, seed)
+
+        def stop(self, *_):
+            pass
+
+    monkeypatch.setattr(quality, "Runner", Runner)
+    args.jobs = 1
+    reports = []  # quality.py reports (and writes --json) each time runs finish: commit them as they come
+    quality.run_all(args, data, recorded, lambda: reports.append(len(recorded)))
+    assert trained[:2] == [("pre-ln lr=0.008", 1), ("deepnorm lr=0.001", 1)]
+    assert reports and reports[0] == 5 and reports[-1] == 10  # after the first, and the last
+    assert sorted(trained[2:]) == sorted(
+        [("pre-ln lr=0.008", s) for s in (2, 3)] + [("deepnorm lr=0.002", s) for s in (2, 3)]
+    )
+    assert {v: c.lr for v, c in quality.best_configs(args, recorded).items()} == {"pre-ln": 8e-3, "deepnorm": 2e-3}
+    assert quality.settings(args)["widen"] is True and quality.settings(args)["lrs"] == [2e-3, 4e-3]
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--data", str(data), "--widen"])  # one rate: nothing to widen
