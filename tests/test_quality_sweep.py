@@ -288,17 +288,43 @@ def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
 
 
-def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, monkeypatch):
-    """--best-seeds 2,3 --best-variants pre-ln,admin: with every seed-1 run of the sweep recorded,
-    only those two variants train further seeds, each at its best rate on validation BLEU, and
-    seed 2 of both before seed 3."""
+def _sweep(tmp_path, *flags):
+    """quality.py and its arguments for a sweep of 2e-3 and 4e-3, seed 1, with *flags*, on a data
+    folder that only has to exist."""
     quality = _load("quality")
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
-    args = quality.parse_args(
-        ["--data", str(data), "--out", str(tmp_path / "out"), "--lr", "2e-3,4e-3", "--seeds", "1"]
-        + ["--best-seeds", "2,3", "--variants", "post-ln,pre-ln,admin", "--best-variants", "pre-ln,admin"]
+    sweep = ["--data", str(data), "--out", str(tmp_path / "out"), "--lr", "2e-3,4e-3", "--seeds", "1"]
+    return quality, data, quality.parse_args(sweep + list(flags))
+
+
+def _recording_runner(trained, then=lambda config, seed: None):
+    """A Runner that trains nothing: it appends each (label, seed) it is given to *trained*, in
+    order, and calls *then*(config, seed) (e.g. to record the run's score)."""
+
+    class Runner:
+        stopping = False
+
+        def __init__(self, args, data_dir):
+            pass
+
+        def run(self, config, seed):
+            trained.append((config.label, seed))
+            then(config, seed)
+
+        def stop(self, *_):
+            pass
+
+    return Runner
+
+
+def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, monkeypatch):
+    """--best-seeds 2,3 --best-variants pre-ln,admin: with every seed-1 run of the sweep recorded,
+    only those two variants train further seeds, each at its best rate on validation BLEU, and
+    seed 2 of both before seed 3."""
+    quality, data, args = _sweep(
+        tmp_path, "--best-seeds", "2,3", "--variants", "post-ln,pre-ln,admin", "--best-variants", "pre-ln,admin"
     )
     val = {("post-ln", 2e-3): 30.0, ("post-ln", 4e-3): 31.0, ("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0}
     val.update({("admin", 2e-3): 37.0, ("admin", 4e-3): 34.0})
@@ -313,20 +339,7 @@ def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, 
         for c in args.configs
     }
     trained = []
-
-    class Runner:  # records what would be trained, in order, one at a time
-        stopping = False
-
-        def __init__(self, args, data_dir):
-            pass
-
-        def run(self, config, seed):
-            trained.append((config.label, seed))
-
-        def stop(self, *_):
-            pass
-
-    monkeypatch.setattr(quality, "Runner", Runner)
+    monkeypatch.setattr(quality, "Runner", _recording_runner(trained))
     args.jobs = 1
     quality.run_all(args, data, recorded)
     assert trained == [("pre-ln lr=0.004", 2), ("admin lr=0.002", 2), ("pre-ln lr=0.004", 3), ("admin lr=0.002", 3)]
@@ -406,14 +419,7 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     """--lr 2e-3,4e-3 --widen: pre-ln is best at 4e-3, an edge, so 8e-3 is trained too and, better
     still, is where its further seeds go; deepnorm is best at 2e-3, so 1e-3 is trained too and,
     worse, leaves it at 2e-3. Nothing else is trained beyond the edges."""
-    quality = _load("quality")
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "train.en.gz").touch()
-    args = quality.parse_args(
-        ["--data", str(data), "--out", str(tmp_path / "out"), "--lr", "2e-3,4e-3", "--seeds", "1"]
-        + ["--best-seeds", "2,3", "--variants", "pre-ln,deepnorm", "--widen"]
-    )
+    quality, data, args = _sweep(tmp_path, "--best-seeds", "2,3", "--variants", "pre-ln,deepnorm", "--widen")
     val = {("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0, ("pre-ln", 8e-3): 37.0}
     val.update({("deepnorm", 1e-3): 35.0, ("deepnorm", 2e-3): 36.0, ("deepnorm", 4e-3): 34.0})
     recorded = {}
@@ -425,21 +431,7 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     for config in args.configs:
         record(config, 1)
     trained = []
-
-    class Runner:  # records what would be trained, and its score, one at a time
-        stopping = False
-
-        def __init__(self, args, data_dir):
-            pass
-
-        def run(self, config, seed):
-            trained.append((config.label, seed))
-            record(config, seed)
-
-        def stop(self, *_):
-            pass
-
-    monkeypatch.setattr(quality, "Runner", Runner)
+    monkeypatch.setattr(quality, "Runner", _recording_runner(trained, then=record))
     args.jobs = 1
     reports = []  # quality.py reports (and writes --json) each time runs finish: commit them as they come
     quality.run_all(args, data, recorded, lambda: reports.append(len(recorded)))
