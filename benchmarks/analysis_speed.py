@@ -24,6 +24,7 @@ import time
 
 import torch
 from host import cpu_model  # benchmarks/host.py, beside this script
+from repo import quiet_logging
 
 from fairseq_realformer.analysis import cli
 from fairseq_realformer.analysis.measure import measure
@@ -45,7 +46,7 @@ def main(argv=None) -> None:
     own.add_argument("--json-out", metavar="FILE", help="also write the timings as JSON")
     bench, rest = own.parse_known_args(argv)
     args = cli.build_parser().parse_args(rest)
-    cli.quiet_fairseq_logging()
+    quiet_logging()
     cli.check_args(args)
     use_cuda = torch.cuda.is_available() and not args.cpu
     path = args.checkpoints[0]

@@ -22,7 +22,6 @@ merge the table records already is not trained again, wherever --out is.
 import argparse
 import datetime
 import json
-import logging
 import math
 import os
 import shlex
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fairseq_log  # noqa: E402
 import multi30k_args  # noqa: E402
 from host import host  # noqa: E402
-from repo import REPO, USER_DIR, VARIANTS  # noqa: E402
+from repo import REPO, USER_DIR, VARIANTS, import_fairseq_quietly  # noqa: E402
 
 BIN = Path(sys.executable).parent
 # options that say where results go, not what is measured: a folder or table of other values still compares
@@ -156,9 +155,7 @@ def first_layer_grad_norms(flags):
 
     from fairseq_realformer.modules import admin
 
-    # fairseq-train's own run logs all this; here it would bury the one line this probe prints
-    for name in ("fairseq", "hydra"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    import_fairseq_quietly()  # fairseq-train's own run logs all this; here it would bury this probe's line
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)

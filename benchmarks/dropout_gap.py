@@ -16,7 +16,6 @@ smoothing included) over every sentence of --subset. With dropout on, the masks 
 
 import argparse
 import json
-import logging
 import math
 import os
 import re
@@ -24,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from repo import USER_DIR  # noqa: E402  (puts this checkout's plugin on the path)
+from repo import USER_DIR, import_fairseq_quietly  # noqa: E402  (puts this checkout's plugin on the path)
 
 PROG = "dropout_gap.py"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
@@ -106,7 +105,7 @@ def loss_in_bits(model, task, criterion, subset: str, max_tokens: int, dropout: 
 
 def main(argv=None):
     args = parse_args(argv)
-    logging.getLogger().setLevel(logging.WARNING)  # fairseq's loading chatter is not this table
+    import_fairseq_quietly()  # fairseq's loading chatter is not this table
     from fairseq import utils
 
     utils.import_user_module(argparse.Namespace(user_dir=str(USER_DIR)))

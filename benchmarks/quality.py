@@ -290,6 +290,8 @@ def parse_args(argv=None):
             p.error(f"--lr {lr_given}: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
         if any(lr <= 0 for lr in args.lrs) or len(set(args.lrs)) != len(args.lrs):
             p.error(f"--lr {lr_given}: learning rates must be positive and different")
+    if args.quick and args.preset == "published":  # run.sh: --tiny and --published exclude each other
+        p.error("--quick: the published recipe has no tiny form; drop --quick, or use --preset cpu")
     args.preset_name = "quick" if args.quick else args.preset
     preset = PRESETS[args.preset_name]
     # runs with settings given on the command line get their own folders: OUT/post-ln-lr0.002/seed1

@@ -19,7 +19,6 @@ import datetime
 import gzip
 import itertools
 import json
-import logging
 import math
 import re
 import statistics
@@ -27,6 +26,7 @@ import textwrap
 from pathlib import Path
 
 import fairseq_log
+from repo import quiet_logging
 
 # Who is compared with whom, seed by seed: (system, baseline).
 COMPARISONS = (
@@ -42,8 +42,7 @@ COMPARISONS = (
 # LividWo/Revisit-MMT, README-baseline.md), a text-only fairseq Transformer of 4+4 layers, d=128.
 PUBLISHED_BLEU = {"test_2016_flickr": 41.02}
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
-for _chatty in ("sacrebleu", "matplotlib"):  # progress lines for every resampling and font lookup
-    logging.getLogger(_chatty).setLevel(logging.WARNING)
+quiet_logging()  # sacrebleu's line for every resampling, matplotlib's for every font lookup
 
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")
 _TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation

@@ -15,15 +15,20 @@ _variants = runpy.run_path(str(USER_DIR / "variants.py"))
 VARIANTS, parse_variants = _variants["VARIANTS"], _variants["parse"]
 
 
-def import_fairseq_quietly():
-    """Import fairseq and the plugin, then put the root logger back at WARNING: `import fairseq`
-    leaves it at DEBUG (a speech task of fairseq's calls basicConfig), and every library's chatter
-    would reach the output, torch inductor's file locks alone hundreds of lines a compile."""
+def quiet_logging():
+    """The root logger at WARNING, as Python leaves it: `import fairseq` sets it to DEBUG (a speech
+    task of fairseq's calls basicConfig), and then every library's chatter reaches the output
+    (inductor's file locks, hundreds of lines a compile; sacrebleu's every resampling)."""
     import logging
 
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def import_fairseq_quietly():
+    """Import fairseq and this checkout's plugin, then ``quiet_logging``."""
     import fairseq_realformer  # noqa: F401  (imports fairseq)
 
-    logging.getLogger().setLevel(logging.WARNING)
+    quiet_logging()
 
 
 def repo_relative(path) -> str:

@@ -186,10 +186,8 @@ def test_a_resumed_run_stops_early_where_an_uninterrupted_one_stops(tmp_path):
     log = load_script("fairseq_log", BENCHMARKS)
 
     def train(save_dir, max_epoch, env=None):
-        result = run(
-            "fairseq-train", "bin", "--user-dir", USER_DIR, *STALLED, "--save-dir", save_dir,
-            "--max-epoch", max_epoch, cwd=tmp_path, env=env,
-        )  # fmt: skip
+        flags = ["--user-dir", USER_DIR, *STALLED, "--save-dir", save_dir, "--max-epoch", max_epoch]
+        result = run("fairseq-train", "bin", *flags, cwd=tmp_path, env=env)
         output = result.stdout + result.stderr
         return [int(f["epoch"]) for _, f in log.records(output.splitlines(), "valid")], output
 

@@ -268,7 +268,7 @@ def test_the_description_names_the_depth_that_was_trained(tmp_path):
     assert what("--layers", "4") == what()
 
 
-def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
+def test_flags_that_cannot_work_together_are_refused_in_one_line(tmp_path, capsys):
     quality = _load("quality")
     data = tmp_path / "data"
     data.mkdir()
@@ -281,6 +281,12 @@ def test_best_seeds_need_a_sweep_and_other_seeds(tmp_path, capsys):
         (
             ["--lr", "1e-3,2e-3", "--best-seeds", "2", "--variants", "admin,realformer", "--best-variants", "pre-ln"],
             "--best-variants pre-ln: give some of --variants (admin,realformer)",
+        ),
+        (["--widen"], "--widen: needs several --lr to widen"),
+        # the recipe's --tiny and --published exclude each other: not the sentencepiece recipe in silence
+        (
+            ["--quick", "--preset", "published"],
+            "--quick: the published recipe has no tiny form; drop --quick, or use --preset cpu",
         ),
     ]:
         with pytest.raises(SystemExit):
@@ -442,5 +448,3 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     )
     assert {v: c.lr for v, c in quality.best_configs(args, recorded).items()} == {"pre-ln": 8e-3, "deepnorm": 2e-3}
     assert quality.settings(args)["widen"] is True and quality.settings(args)["lrs"] == [2e-3, 4e-3]
-    with pytest.raises(SystemExit):
-        quality.parse_args(["--data", str(data), "--widen"])  # one rate: nothing to widen

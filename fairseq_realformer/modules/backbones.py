@@ -73,7 +73,8 @@ def join_sum(x: Tensor, residual: Tensor, weight) -> Tensor:
 # ADMIN's and ReZero's joins are one ``addcmul``: six kernels forward and backward, where an
 # autograd Function of its own takes four. But on a GPU at NMT batch sizes a step waits on the host,
 # and such a Function's Python forward and backward cost the host more than the kernels they save
-# (benchmarks/host_time.py; benchmarks/RESULTS.md, "Host time").
+# (benchmarks/RESULTS.md, "bf16 mixed precision on a CPU"; measured by host_time.py, since deleted:
+# ``git show 173b1f8^:benchmarks/host_time.py``).
 
 
 def join_scaled_residual(x: Tensor, residual: Tensor, omega: Tensor) -> Tensor:
