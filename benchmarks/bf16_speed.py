@@ -284,7 +284,7 @@ def decode_sample(dictionary, sentences, seed=1):
 
 def build_for_decoding(model):
     """*model* (a MODELS entry) with random weights, ω profiled on one random batch as speed.py's."""
-    import speed
+    import bench
     import torch
     from fairseq import options
     from fairseq.data import Dictionary
@@ -300,7 +300,7 @@ def build_for_decoding(model):
     task = type("Task", (), {"source_dictionary": dictionary, "target_dictionary": dictionary})
     torch.manual_seed(0)
     built = ARCH_MODEL_REGISTRY[cfg.arch].build_model(cfg, task)
-    admin.initialize(built, speed.batch(dictionary, 64, 16, "cpu", seed=5)["net_input"])  # nothing without ADMIN
+    admin.initialize(built, bench.batch(dictionary, 64, 16, "cpu", seed=5)["net_input"])  # nothing without ADMIN
     return built.eval(), dictionary
 
 

@@ -33,8 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fairseq_log  # noqa: E402
 from host import host  # noqa: E402
-from repo import MULTI30K, REPO, USER_DIR, VARIANTS  # noqa: E402
-from speed import write_result  # noqa: E402
+from repo import MULTI30K, REPO, USER_DIR, VARIANTS, write_result  # noqa: E402
 
 TINY = (
     "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "

@@ -31,6 +31,25 @@ def import_fairseq_quietly():
     quiet_logging()
 
 
+def write_result(path, script, argv, device, machine, **content):
+    """A benchmark's JSON at *path*: the command that wrote it (``python benchmarks/SCRIPT ARGV``),
+    the date, the device and the machine, torch's version, then *content* (settings, runs, ...)."""
+    import datetime
+    import json
+    import shlex
+
+    import torch
+
+    header = {
+        "command": shlex.join(["python", f"benchmarks/{script}", *argv]),
+        "date": datetime.date.today().isoformat(),
+        "device": device,
+        "machine": machine,
+        "torch": torch.__version__,
+    }
+    Path(path).write_text(json.dumps({**header, **content}, indent=1))
+
+
 def repo_relative(path) -> str:
     """*path* as the repository's files name it (relative to it), or absolute when outside it."""
     path = Path(path).resolve()

@@ -5,29 +5,31 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import speed  # noqa: E402
+import bench  # noqa: E402
+import cuda_profile  # noqa: E402
+import speed_report  # noqa: E402
 
 
 def test_busy_time_is_the_union_of_kernel_spans():
     # two streams overlapping (10-30 and 20-40), one kernel inside another (50-60 in 45-70), a gap
     spans = [(20.0, 40.0), (10.0, 30.0), (45.0, 70.0), (50.0, 60.0), (100.0, 101.5)]
-    assert speed.busy_us(spans) == 30.0 + 25.0 + 1.5
-    assert speed.busy_us([]) == 0.0
+    assert cuda_profile.busy_us(spans) == 30.0 + 25.0 + 1.5
+    assert cuda_profile.busy_us([]) == 0.0
 
 
 def test_busy_share_and_attention_time_in_the_report():
     run = {"train_step_ms": 20.0, "cuda_kernels": {"busy_us": 5000.0, "attention_us": {"memory-efficient": 1234.0}}}
-    assert speed.busy_share(run) == "25%"
-    assert speed.attention_ms(run) == "memory-efficient 1.23"
+    assert speed_report.busy_share(run) == "25%"
+    assert speed_report.attention_ms(run) == "memory-efficient 1.23"
     # a CPU rehearsal or a failed profile has neither: the table says so instead of failing
-    assert speed.busy_share({"train_step_ms": 20.0, "cuda_kernels": {"error": "no CUDA"}}) == "—"
-    assert speed.attention_ms({"train_step_ms": 20.0}) == "—"
+    assert speed_report.busy_share({"train_step_ms": 20.0, "cuda_kernels": {"error": "no CUDA"}}) == "—"
+    assert speed_report.attention_ms({"train_step_ms": 20.0}) == "—"
 
 
 def test_a_compiled_variant_is_its_variant_with_compiled_layers():
     """speed.py's ``+compiled`` rows: a plugin variant with --compile-layers; fairseq's own model,
     whose layers build() compiles by hand; nothing else."""
-    assert speed.variant_flags("realformer+compiled") == [*speed.variant_flags("realformer"), "--compile-layers"]
-    assert speed.variant_flags("fairseq+compiled") == speed.variant_flags("fairseq") == ["--arch", "transformer"]
+    assert bench.variant_flags("realformer+compiled") == [*bench.variant_flags("realformer"), "--compile-layers"]
+    assert bench.variant_flags("fairseq+compiled") == bench.variant_flags("fairseq") == ["--arch", "transformer"]
     for unknown in ("realformer+fused", "nothing+compiled"):
-        assert not speed._known_variant(unknown)
+        assert not bench.known_variant(unknown)

@@ -1,0 +1,183 @@
+"""What benchmarks/speed.py times: a variant's model with random weights, a batch of random
+sentences shaped as fairseq's collater shapes them, and its training step (forward, backward,
+Adam) and beam-4 generation, in the precision fairseq-train's flags give (``--dtype``).
+
+Variants: ``fairseq``, fairseq's stock ``transformer``, and those of fairseq_realformer/variants.py
+on the ``realformer`` architecture; any of them with ``+compiled`` appended trains with compiled
+layers (a plugin variant: ``--compile-layers``; ``fairseq+compiled``: fairseq's own layers compiled
+by hand with ``nn.Module.compile``, what a user of fairseq could do).
+"""
+
+import contextlib
+import time
+
+import torch
+from repo import USER_DIR  # (variants read as a file: fairseq is not imported yet)
+from repo import VARIANTS as PLUGIN_VARIANTS
+
+VARIANTS = {
+    "fairseq": ["--arch", "transformer"],
+    **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()},
+}
+BASELINE = "fairseq"  # measured first in each cell; the ratios are to it
+COMPILED = "+compiled"  # a variant's suffix: its layers compiled
+
+
+def variant_flags(name):
+    """The flags of *name*: a VARIANTS entry, or one + ``COMPILED`` (KeyError for anything else)."""
+    base = name[: -len(COMPILED)] if name.endswith(COMPILED) else name
+    if base != name and base in PLUGIN_VARIANTS:
+        return [*VARIANTS[base], "--compile-layers"]
+    return VARIANTS[base]  # fairseq+compiled: compiled by hand in ``build``
+
+
+SIZES = {"6L-6L": 6, "18L-18L": 18}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PRECISIONS = {
+    "fp32": "float32",
+    "bf16": "--bf16: bfloat16 autocast, float32 weights",
+    "fp16": "--fp16: float16 model, float32 master weights",
+}
+FP16_LOSS_SCALE = 128.0  # fairseq's --fp16-init-scale
+VOCAB = 10000
+
+
+def known_variant(name):
+    try:
+        variant_flags(name)
+    except KeyError:
+        return False
+    return True
+
+
+def build(variant, layers, device, dtype, extra_flags=(), vocab=VOCAB):
+    """The variant's model with random weights (the same seed for every variant); *extra_flags*
+    after the variant's (e.g. another width), *vocab* symbols in its dictionary."""
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_realformer  # noqa: F401
+
+    dictionary = Dictionary()
+    for i in range(vocab - dictionary.nspecial):
+        dictionary.add_symbol(f"w{i}")
+    flags = [
+        "/unused",
+        "--user-dir",
+        str(USER_DIR),
+        *variant_flags(variant),
+        "--share-all-embeddings",
+        "--encoder-layers",
+        str(layers),
+        "--decoder-layers",
+        str(layers),
+        "--dropout",
+        "0.1",
+        *extra_flags,
+    ]
+    args = options.parse_args_and_arch(options.get_training_parser(), flags)
+    task = type("Task", (), {"source_dictionary": dictionary, "target_dictionary": dictionary})
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task).to(device)
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    if variant == "fairseq" + COMPILED:  # by hand, as a fairseq user could: every layer, every call
+        from fairseq_realformer.modules import compiled
+
+        compiled.COMPILE_TIME.watch()
+        for layer in [*model.encoder.layers, *model.decoder.layers]:
+            layer.compile(dynamic=True)
+    return model, dictionary
+
+
+def batch(dictionary, sentences, length, device, seed=0):
+    """Random sentences of *length* tokens (source and target), as fairseq's collater shapes them."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(dictionary.nspecial, len(dictionary), (sentences, length), generator=g)
+    tgt = torch.randint(dictionary.nspecial, len(dictionary), (sentences, length), generator=g)
+    src[:, -1] = tgt[:, -1] = dictionary.eos()
+    prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)
+    return {
+        "net_input": {
+            "src_tokens": src.to(device),
+            "src_lengths": torch.full((sentences,), length, device=device),
+            "prev_output_tokens": prev.to(device),
+        },
+        "target": tgt.to(device),
+    }
+
+
+class Bench:
+    """One variant at one size: its model, optimizer, a training batch and a generator."""
+
+    def __init__(self, variant, layers, length, args):
+        from fairseq.sequence_generator import SequenceGenerator
+
+        from fairseq_realformer import precision
+        from fairseq_realformer.modules import admin
+
+        self.device = args.device
+        self.fp16 = args.dtype == "fp16"
+        self.model, self.dictionary = build(variant, layers, args.device, DTYPES["fp16" if self.fp16 else "fp32"])
+        self.sample = batch(self.dictionary, max(1, args.tokens_per_batch // length), length, args.device)
+        admin.initialize(self.model, self.sample["net_input"])  # before the optimizer, as fairseq-train
+        self.params = list(self.model.parameters())
+        # fp16: Adam steps a float32 copy, which is copied back into the float16 model (FP16Optimizer)
+        self.master = [p.detach().float().requires_grad_() for p in self.params] if self.fp16 else None
+        self.optimizer = torch.optim.Adam(self.master or self.params, lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+        self.autocast = (
+            (lambda: precision.autocast(torch.device(args.device).type))
+            if args.dtype == "bf16"
+            else contextlib.nullcontext
+        )
+        self.tokens = self.sample["target"].numel()
+        self.gen_sample = batch(self.dictionary, max(1, args.gen_sentences), length, args.device, seed=1)
+        self.generator = SequenceGenerator(
+            [self.model], self.dictionary, beam_size=4, max_len_a=0, max_len_b=length, min_len=length
+        )
+        self.length = length
+
+    def train_steps(self, steps):
+        self.model.train()
+        for _ in range(steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.zero_grad(set_to_none=True)
+            with self.autocast():
+                logits, _ = self.model(**self.sample["net_input"])
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.size(-1)), self.sample["target"].view(-1)
+                )
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite training loss {loss.item()}")
+            if self.fp16:
+                (loss * FP16_LOSS_SCALE).backward()
+                for master, param in zip(self.master, self.params):
+                    master.grad = param.grad.float().mul_(1 / FP16_LOSS_SCALE)
+                self.optimizer.step()
+                with torch.no_grad():
+                    for master, param in zip(self.master, self.params):
+                        param.copy_(master)
+            else:
+                loss.backward()
+                self.optimizer.step()
+        sync(self.device)
+
+    @torch.no_grad()
+    def generate(self):
+        self.model.eval()
+        with self.autocast():
+            hypos = self.generator.forward(self.gen_sample)
+        sync(self.device)
+        assert all(len(h[0]["tokens"]) == self.length + 1 for h in hypos)  # fixed work: length + EOS
+
+
+def sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
