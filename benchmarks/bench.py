@@ -12,11 +12,14 @@ import contextlib
 import time
 
 import torch
-from repo import USER_DIR  # (variants read as a file: fairseq is not imported yet)
+from repo import (
+    STOCK,
+    USER_DIR,  # (variants read as a file: fairseq is not imported yet)
+)
 from repo import VARIANTS as PLUGIN_VARIANTS
 
 VARIANTS = {
-    "fairseq": ["--arch", "transformer"],
+    **{name: ["--arch", arch] for name, arch in STOCK.items()},
     **{name: ["--arch", "realformer", *flags] for name, flags in PLUGIN_VARIANTS.items()},
 }
 BASELINE = "fairseq"  # measured first in each cell; the ratios are to it

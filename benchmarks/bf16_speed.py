@@ -45,11 +45,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host import host  # noqa: E402
-from quality import PRESETS  # noqa: E402
+from presets import PRESETS  # noqa: E402
 from repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
 
-# the quality study's model (quality.py --preset cpu): 4+4 layers, d=128
-SMALL = (*PRESETS["cpu"].model, "--encoder-layers", "4", "--decoder-layers", "4")
+SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
 MODELS = {
     "wmt-transformer": ("--arch", "transformer_wmt_en_de", "--max-tokens", "2048"),
     "wmt-realformer": ("--arch", "realformer_wmt_en_de", "--max-tokens", "2048"),

@@ -77,8 +77,10 @@ translates in bfloat16 mixed precision, OUT/VARIANT-...-bf16/seedS).
 """
 
 import argparse
+import contextlib
 import datetime
 import fcntl
+import io
 import json
 import os
 import re
@@ -98,13 +100,13 @@ import dropout_gap as gap_script  # noqa: E402
 import multi30k_args  # noqa: E402
 import quality_report  # noqa: E402
 from host import cpu_model, host  # noqa: E402
-from repo import REPO, USER_DIR, VARIANTS, VENV, repo_relative  # noqa: E402
+from presets import PRESETS  # noqa: E402
+from repo import REPO, STOCK, USER_DIR, VARIANTS, VENV, repo_relative  # noqa: E402
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
 UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 RECIPE_ARCH = "realformer_iwslt_de_en"  # run.sh's default ARCH
-STOCK = {"fairseq": "transformer"}  # variants that are fairseq's own architectures, not plugin flags
 MAX_TOKENS = "4096"  # run.sh's --max-tokens
 WATCH_S = 10  # how often a training's log is read for a divergence
 
@@ -127,43 +129,6 @@ class RunConfig:
     variant: str
     lr: float  # None: the recipe's
     suffix: str  # of its folders: OUT/VARIANT+SUFFIX/seedS
-
-
-@dataclass(frozen=True)
-class Preset:
-    epochs: int
-    layers: int = None  # None: the recipe's
-    lr: float = None  # None: the recipe's Adam 5e-4, inverse-sqrt warm-up 1000
-    warmup: int = None
-    linear_decay: bool = False  # polynomial_decay to 0 at the end of the last epoch
-    model: tuple = ()
-    describe: str = ""
-    recipe: tuple = ()  # the recipe's own flags for this preset (run.sh --published)
-
-
-PRESETS = {
-    "gpu": Preset(epochs=12, describe="6+6 layers, d=512, FFN 1024"),
-    "cpu": Preset(
-        epochs=20,
-        layers=4,
-        lr=2e-3,
-        warmup=400,
-        linear_decay=True,
-        model=tuple(
-            "--encoder-embed-dim 128 --decoder-embed-dim 128 --encoder-ffn-embed-dim 256 "
-            "--decoder-ffn-embed-dim 256 --encoder-attention-heads 4 --decoder-attention-heads 4".split()
-        ),
-        describe="4+4 layers, d=128, FFN 256",
-    ),
-    "quick": Preset(epochs=2, layers=2, describe="--quick (recipe --tiny: 300 lines, d=32)"),
-    # the recipe sets the model and the schedule; no epoch limit (at most 8,000 updates, patience 10)
-    "published": Preset(
-        epochs=0,
-        describe="the published recipe (Wu et al. 2021): lowercased Moses-tokenised text, joint BPE 10k, "
-        "4+4 layers, d=128, FFN 256, Adam 5e-3, 8,192 tokens an update, at most 8,000 updates, patience 10",
-        recipe=("--published",),
-    ),
-}
 
 
 def build_parser():
@@ -704,7 +669,7 @@ def widening(args, recorded):
 
 def _beyond(args, chosen):
     """The --widen config beyond *chosen*'s rate, if that rate is an edge of --lr; else None."""
-    if chosen is None:
+    if chosen is None or not args.beyond:
         return None
     edges = {min(args.lrs): min(args.lrs) / 2, max(args.lrs): max(args.lrs) * 2}
     return next((c for c in args.beyond if c.variant == chosen.variant and c.lr == edges.get(chosen.lr)), None)
@@ -851,7 +816,9 @@ def report_so_far(args, argv, recorded):
     """The report and --json after a run finished, while others train: a study of many sessions
     keeps (and can commit) every run as it finishes. Its failure stops no training."""
     try:
-        write_report(args, argv, recorded)
+        with contextlib.redirect_stdout(io.StringIO()):  # the tables are printed once, at the end
+            write_report(args, argv, recorded)
+        print(f"[quality {time.strftime('%H:%M:%S')}] the finished runs so far are in {args.json}", flush=True)
     except (Exception, SystemExit) as e:  # noqa: BLE001
         print(f"[quality {time.strftime('%H:%M:%S')}] the report so far failed ({e}); the runs go on", flush=True)
 

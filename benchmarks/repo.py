@@ -13,6 +13,7 @@ VENV = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"  # the default --data
 _variants = runpy.run_path(str(USER_DIR / "variants.py"))
 VARIANTS, parse_variants = _variants["VARIANTS"], _variants["parse"]
+STOCK = {"fairseq": "transformer"}  # variants that are fairseq's own architectures (no plugin flags)
 
 
 def quiet_logging():

@@ -442,7 +442,7 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     reports = []  # quality.py reports (and writes --json) each time runs finish: commit them as they come
     quality.run_all(args, data, recorded, lambda: reports.append(len(recorded)))
     assert trained[:2] == [("pre-ln lr=0.008", 1), ("deepnorm lr=0.001", 1)]
-    assert reports and reports[0] == 5 and reports[-1] == 10  # after the first, and the last
+    assert reports and reports[0] in (5, 6) and reports[-1] == 10  # after the first (or two), and the last
     assert sorted(trained[2:]) == sorted(
         [("pre-ln lr=0.008", s) for s in (2, 3)] + [("deepnorm lr=0.002", s) for s in (2, 3)]
     )
