@@ -651,10 +651,9 @@ def best_configs(args, recorded):
     runs = {(r["label"], r["seed"]): r for r in collect(args, recorded, seeds=args.seeds)}
     best = {}
     for variant in args.variants:
-        chosen = _best_of([c for c in args.configs if c.variant == variant], runs, args.seeds)
-        beyond = _beyond(args, chosen)
-        if beyond is not None:
-            chosen = _best_of([c for c in args.configs if c.variant == variant] + [beyond], runs, args.seeds)
+        mine = [c for c in args.configs if c.variant == variant]
+        beyond = _beyond(args, _best_of(mine, runs, args.seeds))
+        chosen = _best_of(mine + ([beyond] if beyond else []), runs, args.seeds)
         if chosen is not None:
             best[variant] = chosen
     return best
@@ -663,8 +662,8 @@ def best_configs(args, recorded):
 def widening(args, recorded):
     """--widen: the configs beyond an edge that a variant's best rate on the sweep's rates is at."""
     runs = {(r["label"], r["seed"]): r for r in collect(args, recorded, seeds=args.seeds)}
-    chosen = (_best_of([c for c in args.configs if c.variant == v], runs, args.seeds) for v in args.variants)
-    return [beyond for beyond in map(lambda c: _beyond(args, c), chosen) if beyond is not None]
+    mine = ([c for c in args.configs if c.variant == variant] for variant in args.variants)
+    return [beyond for beyond in (_beyond(args, _best_of(m, runs, args.seeds)) for m in mine) if beyond]
 
 
 def _beyond(args, chosen):
