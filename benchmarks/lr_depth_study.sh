@@ -14,6 +14,7 @@
 #   5. depth settled (issue 69): seeds 4 and 5 of admin and realformer at 18+18 (at 2e-3, their
 #      rate); then pre-ln and deepnorm at 18+18, lr 2e-3 and 4e-3, seed 1, and the rate beyond the
 #      better one's edge (1e-3 or 8e-3, --widen); then seeds 2 and 3 of each at its best of the three.
+#      Always float32, as the committed 18+18 study: benchmarks/lr_depth_study.sh --stages 5
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 #
 #   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5]
@@ -75,10 +76,11 @@ nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]
 fi
 if stage 5; then
 say "5/5 depth settled at 18+18 in $out/depth-18: seeds 4, 5 of admin and realformer, then pre-ln and deepnorm"
-depth18=(--preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
+# float32 whatever --precision says: the committed 18+18 study's runs are float32
+depth18=(--preset cpu --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
 nice -n 19 "$py" "$root/benchmarks/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --best-seeds 2,3,4,5 --variants admin,realformer \
-  --json "$results/cpu-quality-depth-18-multi30k-en-de$tag.json"
+  --json "$results/cpu-quality-depth-18-multi30k-en-de.json"
 nice -n 19 "$py" "$root/benchmarks/quality.py" "${depth18[@]}" --lr 2e-3,4e-3 --widen --best-seeds 2,3 --variants pre-ln,deepnorm \
-  --json "$results/cpu-quality-depth-18-pre-ln-deepnorm-multi30k-en-de$tag.json"
+  --json "$results/cpu-quality-depth-18-pre-ln-deepnorm-multi30k-en-de.json"
 fi
 say "done"
