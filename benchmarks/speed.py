@@ -158,7 +158,8 @@ class Timings:
 
     def __init__(self, args):
         self.args, self.baseline = args, None
-        self.fresh_probes = not str(args.device).startswith("cuda")  # peak_memory: a CPU's in a new process
+        self.gpu = str(args.device).startswith("cuda")
+        self.fresh_probes = not self.gpu  # peak_memory: a CPU's in a new process
 
     def compiles(self, variant):
         return variant.endswith(COMPILED)
@@ -182,7 +183,7 @@ class Timings:
         generates = cell.tokens == args.token_budgets[0] and args.gen_sentences > 0 and not self.compiles(variant)
         if generates:
             bench.generate()
-        kernels = cuda_kernels_of_a_training_step(bench) if args.profile and not self.fresh_probes else None
+        kernels = cuda_kernels_of_a_training_step(bench) if args.profile and self.gpu else None
         base = self.baseline if variant != BASELINE else None
         train, base_train, gen, base_gen = [], [], [], []
         for _ in range(args.repeats):
@@ -232,7 +233,7 @@ class Timings:
     def end_timings(self, cell):
         self.baseline = None
         gc.collect()
-        if str(self.args.device).startswith("cuda"):
+        if self.gpu:
             torch.cuda.empty_cache()
 
     def probe(self, variant, cell):
