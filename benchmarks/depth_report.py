@@ -14,7 +14,10 @@ nothing; it reads the studies' JSONs and their committed translations.
    difference of the means and its permutation p where both have two seeds or more.
 3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line.
 
-A study's depth is its settings' layers; each is compared with every shallower one.
+A study's depth is its settings' layers; each is compared with every shallower one. Studies of
+the same depth are one depth, their variants side by side (the 18+18 study of ADMIN and RealFormer,
+and the one of Pre-LN and DeepNorm beside it); with --curves, every run of the deepest depth's
+validation loss, one figure.
 A study not there yet, or seeds its settings ask for that are not in, are said in a line. The
 references are the JSON's paths, or the file of that name in --data.
 """
@@ -32,9 +35,14 @@ import quality_report  # noqa: E402
 from repo import MULTI30K, REPO, repo_relative  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
-STUDIES = [RESULTS / f"cpu-quality-{name}-multi30k-en-de.json" for name in ("lr-sweep", "depth-12", "depth-18")]
+STUDIES = [
+    RESULTS / f"cpu-quality-{name}-multi30k-en-de.json"
+    for name in ("lr-sweep", "depth-12", "depth-18", "depth-18-pre-ln-deepnorm")
+]
 FIGURE = REPO / "docs" / "figures" / "lr-sweep" / "cpu-quality-depth-multi30k-en-de.bleu-vs-depth.png"
-PAIRS = (("realformer", "admin"), ("realformer", "pre-ln"), ("admin", "pre-ln"))  # (system, baseline)
+# (system, baseline): residual attention against each backbone a user could pick instead, and ADMIN against Pre-LN
+PAIRS = (("realformer", "admin"), ("realformer", "pre-ln"), ("realformer", "deepnorm"), ("admin", "pre-ln"))
+BEHIND_BLEU = 2.0  # a seed this far below its variant's best seed is named (an unlucky or unstable one)
 FAILED_BLEU = 10.0  # below this mean test BLEU a variant did not train at that depth (those that did: 34 and up)
 
 
@@ -49,6 +57,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
     p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")
+    p.add_argument("--curves", metavar="PNG", help="also draw every run of the deepest depth's validation loss here")
     return p.parse_args(argv)
 
 
@@ -90,19 +99,53 @@ def missing_seeds(study):
     return missing
 
 
-def depth_section(study, path):
-    """One depth: quality_report's table of each variant at its best rate, with PAIRS compared."""
-    layers, settings = study["layers"], study["settings"]
+def same_depth(group):
+    """Studies of one depth, [(study, path), ...], as one: their runs side by side, their settings'
+    variants in order; each study's own settings stay in ``parts``."""
+    first = group[0][0]
+    variants = list(dict.fromkeys(v for study, _ in group for v in study["settings"]["variants"]))
+    merged = {**first, "compared": [r for study, _ in group for r in study["compared"]], "parts": group}
+    merged["settings"] = {**first["settings"], "variants": variants}
+    return merged
+
+
+def rate_chosen(study):
+    """How the study chose each variant's peak lr."""
+    settings = study["settings"]
+    if not quality_report.is_sweep(study):
+        return f"{settings['lr']:g}, the only rate trained"
+    rates = ", ".join(f"{v} {lr:g}" for v, lr in study.get("best", {}).items())
+    seeds = ", ".join(map(str, settings["seeds"]))
+    tried = ", ".join(f"{lr:g}" for lr in sorted({*settings["lrs"], *(r["lr"] for r in study["runs"])}))
+    return f"the best of {tried} on validation BLEU (seed {seeds}): {rates}"
+
+
+def per_seed_lines(runs, test_name):
+    """Each variant's best validation loss seed by seed, and its seeds more than BEHIND_BLEU below
+    its best seed's test BLEU."""
+    lines = []
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        mine = sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
+        losses = " / ".join(f"{r['best_valid_loss']:.3f}" for r in mine if r.get("best_valid_loss") is not None)
+        best = max(r["test_sets"][test_name]["sacrebleu"] for r in mine)
+        behind = [r for r in mine if r["test_sets"][test_name]["sacrebleu"] < best - BEHIND_BLEU]
+        named = ", ".join(f"seed {r['seed']} {r['test_sets'][test_name]['sacrebleu']:.2f}" for r in behind)
+        lines.append(
+            f"- {variant}: best valid loss by seed {losses}; {len(behind)} of {len(mine)} seeds more than "
+            f"{BEHIND_BLEU:g} BLEU below its best ({best:.2f}){f': {named}' if behind else ''}"
+        )
+    return lines
+
+
+def depth_section(group):
+    """One depth (one study, or several of the same depth): quality_report's table of each variant
+    at its best rate, with PAIRS compared, and each variant's seeds."""
+    study = same_depth(group)
+    layers = study["layers"]
     runs = [r for r in study["compared"] if not r.get("diverged")]
     labels = list(dict.fromkeys(r["label"] for r in runs))
-    rates = ", ".join(f"{v} {lr:g}" for v, lr in study.get("best", {}).items())
-    chosen = (
-        f"the best of {', '.join(f'{lr:g}' for lr in settings['lrs'])} on validation BLEU (seed "
-        f"{', '.join(map(str, settings['seeds']))}): {rates}"
-        if quality_report.is_sweep(study)
-        else f"{settings['lr']:g}, the only rate trained"
-    )
-    title = f"### {layers}+{layers} layers, each variant at its best rate\n\n`{repo_relative(path)}`; peak lr {chosen}."
+    chosen = "; ".join(f"`{repo_relative(path)}`; peak lr {rate_chosen(part)}" for part, path in group)
+    title = f"### {layers}+{layers} layers, each variant at its best rate\n\n{chosen}."
     references = sorted({s["reference"] for r in runs for s in r["test_sets"].values()})
     absent = [ref for ref in references if not Path(ref).exists()]
     found = [] if absent else quality_report.comparisons(runs, PAIRS)
@@ -116,7 +159,9 @@ def depth_section(study, path):
     ]
     if one_seed:
         lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
-    missing = missing_seeds(study)
+    if any(len([r for r in runs if r["variant"] == v]) > 1 for v in study["settings"]["variants"]):
+        lines += ["Seed by seed:", *per_seed_lines(runs, next(iter(runs[0]["test_sets"]))), ""]
+    missing = {v: seeds for part, _ in group for v, seeds in missing_seeds(part).items()}
     if missing:
         lines.append(
             "Seeds not in yet: " + "; ".join(f"{v} {', '.join(map(str, s))}" for v, s in missing.items()) + "."
@@ -223,25 +268,66 @@ def machines(what, studies):
     return what + "; " + "; ".join(f"{s['layers']}+{s['layers']}: {s['machine']}" for s in studies if s.get("machine"))
 
 
+def curves_figure(study, path, what):
+    """Every run's validation loss against updates at one depth, coloured by variant: which runs
+    learned, and how alike a variant's seeds are."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(r["variant"] for r in study["compared"]))
+    colours = dict(zip(variants, plt.get_cmap("tab10").colors))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for variant in variants:
+        for i, run in enumerate(r for r in study["compared"] if r["variant"] == variant and r.get("valid_curve")):
+            updates, losses = zip(*run["valid_curve"])
+            label = f"{variant} (lr {run['lr']:g})" if i == 0 else None
+            ax.plot(updates, losses, "-", color=colours[variant], alpha=0.75, linewidth=1.2, label=label)
+    layers = study["layers"]
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
+    ax.set_title(
+        f"Validation loss of every {layers}+{layers} run, one line a seed, at each variant's best rate\n"
+        + textwrap.fill(what, 85),
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
 def main(argv=None):
     args = parse_args(argv)
     loaded = [(load(path, args.data), path) for path in args.studies]
-    studies = sorted(((s, p) for s, p in loaded if s is not None), key=lambda sp: sp[0]["layers"])
+    found = sorted(((s, p) for s, p in loaded if s is not None), key=lambda sp: sp[0]["layers"])
     blocks = ["## Depth: each variant at its best rate"]
     blocks += [f"Not there yet: `{repo_relative(p)}` (not reported)." for s, p in loaded if s is None]
-    if not studies:
+    if not found:
         raise SystemExit("depth_report.py: error: none of the studies is there")
-    test_name = next(iter(studies[0][0]["compared"][0]["test_sets"]))
-    blocks += [depth_section(study, path) for study, path in studies]
+    groups = [
+        [sp for sp in found if sp[0]["layers"] == layers] for layers in dict.fromkeys(s["layers"] for s, _ in found)
+    ]
+    studies = [same_depth(group) for group in groups]
+    test_name = next(iter(studies[0]["compared"][0]["test_sets"]))
+    blocks += [depth_section(group) for group in groups]
     if len(studies) > 1:
-        blocks.append(across_depths([s for s, _ in studies], test_name))
-    base = studies[0][0]
+        blocks.append(across_depths(studies, test_name))
+    base = studies[0]
     # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
     what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", base["what"])
     what += "" if base["settings"].get("bf16") else "; float32"  # quality.py names bf16 only
-    what = machines(what, [s for s, _ in studies])
-    figure = depth_figure([s for s, _ in studies], test_name, args.figure, what)
+    what = machines(what, studies)
+    figure = depth_figure(studies, test_name, args.figure, what)
     blocks.append(f"Figure: `{repo_relative(figure)}`.")
+    if args.curves:
+        deepest = studies[-1]
+        curves = curves_figure(deepest, args.curves, re.sub(r"^Multi30k ([^,]+), ", r"Multi30k \1, ", deepest["what"]))
+        blocks.append(f"Validation curves: `{repo_relative(curves)}`.")
     print("\n\n".join(blocks))
 
 

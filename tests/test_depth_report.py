@@ -150,3 +150,38 @@ def test_the_figure_names_every_machine_the_studies_ran_on():
         "Multi30k en→de test_2016_flickr, d=128; float32; "
         "4+4: AMD EPYC VM, 2 cores; 12+12: Intel Xeon VM, 2 cores for seeds 2 and 3"
     )
+
+
+def test_studies_of_one_depth_are_one_section_and_residual_attention_meets_each_backbone(tmp_path, capsys):
+    """The 18+18 study of ADMIN and RealFormer and the one of Pre-LN and DeepNorm beside it (issue
+    69): one table of the four, RealFormer against each of the three across seeds, and each
+    variant's seeds more than 2 BLEU below its best named."""
+    shallow = {variant: {1: 36.0, 2: 37.0, 3: 38.0} for variant in ("pre-ln", "admin", "realformer")}
+    ours = {"admin": {1: 35.0, 2: 32.5, 3: 35.5, 4: 34.0, 5: 35.0}}
+    ours["realformer"] = {1: 38.0, 2: 39.0, 3: 40.0, 4: 38.5, 5: 39.5}
+    theirs = {"pre-ln": {1: 37.0, 2: 38.0, 3: 39.0}, "deepnorm": {1: 36.0, 2: 36.5, 3: 37.0}}
+    studies = [_study(tmp_path / "4", 4, shallow), _study(tmp_path / "a", 18, ours), _study(tmp_path / "b", 18, theirs)]
+    out = _report(capsys, *studies, "--figure", tmp_path / "depth.png")
+    assert out.count("### 18+18 layers") == 1
+    eighteen = out[out.index("### 18+18 layers") : out.index("### Depth against depth")]
+    assert all(f"| {variant} | " in eighteen for variant in ("admin", "realformer", "pre-ln", "deepnorm"))
+    # realformer's five seeds all above deepnorm's three: of the 56 splits into 5 + 3 only the observed
+    # one is +2.50 or more apart (a sum of five of 195), and none -2.50 (that needs 185.6 or less; the
+    # least is 186)
+    assert f"| realformer | deepnorm | {TEST_SET} | 1,2,3,4,5 / 1,2,3 | +2.50 | 0.018 | 56 |" in eighteen
+    assert f"| realformer | pre-ln | {TEST_SET} | 1,2,3,4,5 / 1,2,3 | +1.00 | " in eighteen
+    assert f"| realformer | admin | {TEST_SET} | 1,2,3,4,5 / 1,2,3,4,5 | +4.60 | " in eighteen
+    assert (
+        "- admin: best valid loss by seed 4.100 / 4.200 / 4.300 / 4.400 / 4.500; 1 of 5 seeds more than 2 BLEU "
+        "below its best (35.50): seed 2 32.50" in eighteen
+    )
+    assert "- realformer: best valid loss by seed 4.100 / 4.200 / 4.300 / 4.400 / 4.500; 0 of 5 seeds" in eighteen
+    # depth against depth: each 18+18 variant against its 4+4 study, deepnorm (not at 4+4) left out
+    assert "| realformer | 18+18 | 39.00 ± 0.79 (lr 0.002, 5 seeds) | " in out and "| deepnorm | 18+18 |" not in out
+
+
+def test_the_deepest_depths_validation_curves_are_drawn_for_every_run(tmp_path, capsys):
+    curves = tmp_path / "curves.png"
+    depth_18 = RESULTS / "cpu-quality-depth-18-multi30k-en-de.json"
+    out = _report(capsys, depth_18, "--figure", tmp_path / "depth.png", "--curves", curves)
+    assert f"Validation curves: `{curves}`." in out and curves.stat().st_size > 10_000
