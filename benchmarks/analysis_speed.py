@@ -21,11 +21,13 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
-from host import cpu_model  # benchmarks/host.py, beside this script
-from repo import quiet_logging
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+from common.host import cpu_model  # noqa: E402
+from common.repo import quiet_logging  # noqa: E402
 from fairseq_realformer.analysis import cli
 from fairseq_realformer.analysis.measure import measure
 

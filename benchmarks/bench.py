@@ -12,11 +12,12 @@ import contextlib
 import time
 
 import torch
-from repo import (
+
+from common.repo import (
     STOCK,
     USER_DIR,  # (variants read as a file: fairseq is not imported yet)
 )
-from repo import VARIANTS as PLUGIN_VARIANTS
+from common.repo import VARIANTS as PLUGIN_VARIANTS
 
 VARIANTS = {
     **{name: ["--arch", arch] for name, arch in STOCK.items()},

@@ -30,17 +30,17 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fairseq_log  # noqa: E402
-from host import host  # noqa: E402
-from presets import PRESETS  # noqa: E402
-from repo import MULTI30K, REPO, USER_DIR, VARIANTS, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+from common import fairseq_log  # noqa: E402
+from common.host import host  # noqa: E402
+from common.presets import PRESETS  # noqa: E402
+from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, write_result  # noqa: E402
 
 TINY = (
     "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "
     "--decoder-embed-dim 32 --decoder-ffn-embed-dim 64 --decoder-attention-heads 2 --decoder-layers 2"
 ).split()
-# the quality study's CPU model (benchmarks/quality.py --preset cpu, the recipe's dropout 0.3)
+# the quality study's CPU model (studies/quality.py --preset cpu, the recipe's dropout 0.3)
 CPU = PRESETS["cpu"]
 MULTI30K_MODEL = ["--arch", "realformer_iwslt_de_en", *CPU.model_flags(), "--dropout", "0.3"]
 MULTI30K_MODEL += ["--lr", f"{CPU.lr:g}", "--warmup-updates", str(CPU.warmup)]

@@ -4,7 +4,8 @@ table a GPU run ends with."""
 
 import torch
 from bench import BASELINE, COMPILED, PRECISIONS
-from host import cpu_model, host
+
+from common.host import cpu_model, host
 
 
 def machine(args):

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from common import fairseq_log
+
 from . import cpu_report
 from .helpers import REPO, USER_DIR
 
 BIN = Path(sys.executable).parent
 SCRIPTS = Path(REPO) / "scripts"
-BENCHMARKS = Path(REPO) / "benchmarks"
+STUDIES = Path(REPO) / "studies"
 N_TEST = 21  # not a multiple of 8: fairseq's batching would drop sentences without our fix
 TINY = (
     "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "
@@ -159,10 +161,8 @@ def preprocess(work: Path) -> None:
 
 
 def train_losses(log: str):
-    """The training loss of every interval fairseq-train logged (benchmarks/fairseq_log.py reads it)."""
-    return [
-        fields["loss"] for _, fields in load_script("fairseq_log", BENCHMARKS).records(log.splitlines(), "train_inner")
-    ]
+    """The training loss of every interval fairseq-train logged (common/fairseq_log.py reads it)."""
+    return [fields["loss"] for _, fields in fairseq_log.records(log.splitlines(), "train_inner")]
 
 
 def free_port() -> int:

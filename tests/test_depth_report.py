@@ -1,4 +1,4 @@
-"""benchmarks/depth_report.py: the depth study's Markdown and figure from quality.py's JSONs, on the
+"""studies/depth_report.py: the depth study's Markdown and figure from quality.py's JSONs, on the
 committed studies and on made-up ones whose means, spreads and permutation p-values are worked out
 by hand."""
 
@@ -6,15 +6,15 @@ import json
 import statistics
 from pathlib import Path
 
-from .cli import BENCHMARKS, load_script
+from .cli import STUDIES, load_script
 from .helpers import REPO
 
-RESULTS = Path(REPO) / "benchmarks" / "results"
+RESULTS = Path(REPO) / "studies" / "results"
 TEST_SET = "test_2016_flickr"
 
 
 def _report(capsys, *argv):
-    load_script("depth_report", BENCHMARKS).main([str(a) for a in argv])
+    load_script("depth_report", STUDIES).main([str(a) for a in argv])
     return capsys.readouterr().out
 
 
@@ -141,7 +141,7 @@ def test_a_missing_study_and_missing_seeds_are_said_in_a_line(tmp_path, capsys):
 
 
 def test_the_figure_names_every_machine_the_studies_ran_on():
-    depth_report = load_script("depth_report", BENCHMARKS)
+    depth_report = load_script("depth_report", STUDIES)
     what = "Multi30k en→de test_2016_flickr, d=128; AMD EPYC VM, 2 cores; float32"
     one = [{"layers": 4, "machine": "AMD EPYC VM, 2 cores"}, {"layers": 12, "machine": "AMD EPYC VM, 2 cores"}]
     assert depth_report.machines(what, one) == what

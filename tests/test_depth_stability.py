@@ -1,4 +1,4 @@
-"""benchmarks/depth_stability.py --add-to: new variants join a committed table as rows, variants it
+"""studies/depth_stability.py --add-to: new variants join a committed table as rows, variants it
 has are re-run as controls and kept beside the rows, and a table of other settings is refused. No
 model trains: the merge is given what run_variant returns."""
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from .cli import BENCHMARKS, cli_error, load_script
+from .cli import STUDIES, cli_error, load_script
 
-RESULTS = BENCHMARKS / "results"
+RESULTS = STUDIES / "results"
 
 
 def _run(variant, valid_loss, wall_s=100.0):
@@ -28,7 +28,7 @@ def _run(variant, valid_loss, wall_s=100.0):
 def depth(tmp_path):
     (tmp_path / "multi30k").mkdir()
     (tmp_path / "multi30k" / "train.en.gz").touch()  # enough for the --data check; nothing trains
-    module = load_script("depth_stability", BENCHMARKS)
+    module = load_script("depth_stability", STUDIES)
     module.data = tmp_path / "multi30k"
     return module
 
@@ -38,7 +38,7 @@ def _settings(depth, *argv):
     return {k: v for k, v in vars(args).items() if k not in depth.RECORD_ONLY}
 
 
-RECORD = {"date": "2026-11-25", "commit": "abc1234", "command": "python benchmarks/depth_stability.py", "machine": "m"}
+RECORD = {"date": "2026-11-25", "commit": "abc1234", "command": "python studies/depth_stability.py", "machine": "m"}
 
 
 def test_new_variants_become_rows_and_known_ones_controls_recorded_once(depth):

@@ -1,4 +1,4 @@
-"""benchmarks/dropout_gap.py: its dropout-off loss is fairseq-validate's, its dropout-on loss is
+"""studies/dropout_gap.py: its dropout-off loss is fairseq-validate's, its dropout-on loss is
 reproducible and different, a run folder reads in epoch order, and bad paths get one line."""
 
 import json
@@ -7,13 +7,13 @@ import shutil
 
 import pytest
 
-from .cli import BENCHMARKS, cli_error, load_script, run
+from .cli import STUDIES, cli_error, load_script, run
 from .helpers import USER_DIR
 from .test_compat import FIXTURES
 
 CHECKPOINT = FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"  # 200 updates, 2+2 layers, dropout on
 DATA = FIXTURES / "bin"
-gap = load_script("dropout_gap", BENCHMARKS)
+gap = load_script("dropout_gap", STUDIES)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_dropout_on_is_seeded_and_differs(rows):
 
 
 def test_json_holds_the_printed_rows(rows, tmp_path):
-    """--json (what benchmarks/quality.py --dropout-gap keeps in the study's JSON): the same numbers."""
+    """--json (what studies/quality.py --dropout-gap keeps in the study's JSON): the same numbers."""
     record_path = tmp_path / "run" / "dropout_gap.json"  # its folder is made
     gap.main([str(CHECKPOINT), "--data", str(DATA), "--json", str(record_path)])
     record = json.loads(record_path.read_text())

@@ -19,11 +19,12 @@ from fairseq.logging import meters, metrics
 from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
+from common import fairseq_log
 from fairseq_realformer import fairseq_fixes, fairseq_patches
 from fairseq_realformer.fairseq_fixes.wall_clock import restart_wall_clock
 from fairseq_realformer.patching import MARKER, patch
 
-from .cli import BENCHMARKS, SCRIPTS, TINY, load_script, preprocess, run
+from .cli import SCRIPTS, TINY, preprocess, run
 from .helpers import USER_DIR
 
 
@@ -183,13 +184,12 @@ def test_a_resumed_run_stops_early_where_an_uninterrupted_one_stops(tmp_path):
     resumed after epoch 2 counts from zero again (fairseq alone stops at epoch 5, not 3); with the
     plugin it goes on counting from the checkpoint."""
     preprocess(tmp_path)
-    log = load_script("fairseq_log", BENCHMARKS)
 
     def train(save_dir, max_epoch, env=None):
         flags = ["--user-dir", USER_DIR, *STALLED, "--save-dir", save_dir, "--max-epoch", max_epoch]
         result = run("fairseq-train", "bin", *flags, cwd=tmp_path, env=env)
         output = result.stdout + result.stderr
-        return [int(f["epoch"]) for _, f in log.records(output.splitlines(), "valid")], output
+        return [int(f["epoch"]) for _, f in fairseq_log.records(output.splitlines(), "valid")], output
 
     epochs, output = train("whole", 10)
     assert epochs == [1, 2, 3] and "early stop" in output  # the uninterrupted run

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FOLDERS = ("benchmarks", "scripts", "examples", "fairseq_realformer")
+FOLDERS = ("benchmarks", "studies", "common", "scripts", "examples", "fairseq_realformer")
 JOINED_LINE = re.compile(r"(?<!\\)(?:\\\\)*\\\n")  # an odd number of backslashes, then a newline
 
 

@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from .cli import BENCHMARKS, SCRIPTS, load_script, run
+from common import repo
+from studies import quality, recipe, tables
+from studies import study as study_module
+
+from .cli import SCRIPTS, load_script, run
 from .helpers import REPO
 
 PREPARE = Path(REPO) / "examples" / "multi30k" / "prepare-lc-bpe.sh"
@@ -102,7 +106,7 @@ def test_the_real_test_set_has_the_published_reference_length(tmp_path):
     assert sum(len(line.split()) for line in lines(tmp_path / "t.de")) == 12103
 
 
-COMMITTED = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*-published.json"))
+COMMITTED = sorted((Path(REPO) / "studies" / "results").glob("*quality*-published.json"))
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
@@ -114,7 +118,7 @@ def test_the_committed_published_study_rescores_from_its_translations(path, tmp_
     reference, are the numbers the JSON reports."""
     study = json.loads(path.read_text())
     assert study["runs"] and study["machine"] and study["date"]
-    assert study["command"].startswith("python benchmarks/quality.py --preset published")
+    assert study["command"].startswith("python studies/quality.py --preset published")
     references = {}
     for r in study["runs"]:
         for name, reported in {**r["test_sets"], "val": r["val"]}.items():
@@ -242,15 +246,14 @@ def test_the_published_study_compares_on_the_literatures_bleu_and_commits_both_f
 
 
 def _load_quality(monkeypatch, tmp_path):
-    quality = load_script("quality", BENCHMARKS)
     fake = tmp_path / "fake_run.sh"
     fake.write_text(FAKE_RECIPE)
-    monkeypatch.setattr(quality, "RECIPE", fake)
-    monkeypatch.setattr(quality, "REPO", tmp_path)  # the committed translations go beside the JSON
+    monkeypatch.setattr(recipe, "RECIPE", fake)
+    for module in (study_module, repo):  # the committed translations go beside the JSON
+        monkeypatch.setattr(module, "REPO", tmp_path)
     return quality
 
 
 def quality_table(quality, study):
-    report = load_script("quality_report", BENCHMARKS)
     labels = [r["label"] for r in study["runs"]]
-    return report.table(study["runs"], labels, study["comparisons"], "title")
+    return tables.table(study["runs"], labels, study["comparisons"], "title")

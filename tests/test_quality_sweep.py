@@ -1,4 +1,4 @@
-"""benchmarks/quality.py's learning-rate sweep: runs that diverge are stopped and recorded where they
+"""studies/quality.py's learning-rate sweep: runs that diverge are stopped and recorded where they
 diverged, each variant's best rate is chosen on validation BLEU, and its further seeds are trained
 there. The recipe is replaced by a fake one that writes what run.sh writes, so no model trains."""
 
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from .cli import BENCHMARKS, load_script
+from common import fairseq_log
+from studies import divergence, figures, quality, recipe, supervise, tables
+from studies.study import compared_runs
 
 INNER = (
     "2026-11-24 20:36:00 | INFO | train_inner | epoch {epoch:03d}:     50 / 132 loss={loss}, nll_loss=9.9, "
@@ -21,8 +23,9 @@ EPOCH = (
 )
 
 
-def _load(name):
-    return load_script(name, BENCHMARKS)
+def _parse(argv):
+    """The Study quality.py makes of *argv*."""
+    return quality.parse_args(argv)[0]
 
 
 def _log(run_dir, *lines):
@@ -31,7 +34,6 @@ def _log(run_dir, *lines):
 
 
 def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_first_epoch(tmp_path):
-    report = _load("quality_report")
     calm = tmp_path / "calm"
     _log(
         calm,
@@ -40,7 +42,7 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         INNER.format(epoch=2, loss=10.7, updates=150),
         EPOCH.format(epoch=2, loss=8.1, updates=264),
     )
-    assert report.divergence(calm) is None  # epoch 1's own intervals are above its mean: that is no divergence
+    assert divergence.run_divergence(calm) is None  # epoch 1's own intervals are above its mean: that is no divergence
 
     climbed = tmp_path / "climbed"
     _log(
@@ -50,7 +52,7 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         INNER.format(epoch=2, loss=8.0, updates=150),
         INNER.format(epoch=2, loss=10.9, updates=200),
     )
-    assert report.divergence(climbed) == {
+    assert divergence.run_divergence(climbed) == {
         "update": 200,
         "epoch": 2,
         "loss": 10.9,
@@ -64,14 +66,14 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         EPOCH.format(epoch=2, loss=9.0, updates=264),
         EPOCH.format(epoch=3, loss=11.2, updates=396),
     )
-    assert report.divergence(by_epoch)["update"] == 396
+    assert divergence.run_divergence(by_epoch)["update"] == 396
     never_fell = tmp_path / "never-fell"  # a tiny run's second epoch, a little above its first: it never learnt
     _log(never_fell, EPOCH.format(epoch=1, loss=10.62, updates=4), EPOCH.format(epoch=2, loss=10.63, updates=8))
-    assert report.divergence(never_fell) is None
+    assert divergence.run_divergence(never_fell) is None
 
     not_finite = tmp_path / "nan"
     _log(not_finite, INNER.format(epoch=1, loss=12.4, updates=50), INNER.format(epoch=1, loss="nan", updates=100))
-    assert report.divergence(not_finite) == {
+    assert divergence.run_divergence(not_finite) == {
         "update": 100,
         "epoch": 1,
         "loss": "nan",
@@ -85,10 +87,10 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         "Traceback (most recent call last):",
         "FloatingPointError: gradients are Nan/Inf",
     )
-    assert report.divergence(crashed)["update"] == 51  # no crash.pt: one after the last update logged
+    assert divergence.run_divergence(crashed)["update"] == 51  # no crash.pt: one after the last update logged
     (crashed / "checkpoints").mkdir()
     torch.save({"optimizer_history": [{"num_updates": 73}]}, crashed / "checkpoints" / "crash.pt")
-    assert report.divergence(crashed) == {
+    assert divergence.run_divergence(crashed) == {
         "update": 74,
         "reason": "the gradients are NaN or infinite (fairseq-train stopped)",
     }
@@ -141,11 +143,10 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     """--lr 1e-3,2e-3 --best-seeds 2: realformer diverges at 2e-3 and is stopped within seconds,
     recorded with its update, never retried; post-ln's best rate on validation BLEU is 2e-3 and
     realformer's 1e-3, and seed 2 trains there only; the report lists the divergence."""
-    quality = _load("quality")
-    monkeypatch.setattr(quality, "RECIPE", tmp_path / "fake_run.sh")
-    monkeypatch.setattr(quality, "WATCH_S", 0.2)
-    monkeypatch.setattr(quality.os, "nice", lambda increment: 7)  # the runner under `nice -n 7`
-    quality.RECIPE.write_text(FAKE_RECIPE)
+    monkeypatch.setattr(recipe, "RECIPE", tmp_path / "fake_run.sh")
+    monkeypatch.setattr(supervise, "WATCH_S", 0.2)
+    monkeypatch.setattr(supervise.os, "nice", lambda increment: 7)  # the runner under `nice -n 7`
+    recipe.RECIPE.write_text(FAKE_RECIPE)
     data = tmp_path / "data"
     (data / "bin").mkdir(parents=True)
     (data / "train.en.gz").touch()
@@ -166,8 +167,8 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
         "--out",
         str(tmp_path / "q"),
     ]
-    args = quality.parse_args(argv)
-    quality.run_all(args, data, {})
+    args = _parse(argv)
+    supervise.run_all(args, data, {})
     out = tmp_path / "q"
     assert not (out / "realformer-lr0.002" / "seed1" / "waited-for").exists(), "stopped, not waited for"
     trained = (out / "trained").read_text().split()
@@ -181,9 +182,9 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     where = json.loads((out / "realformer-lr0.002" / "seed1" / "diverged.json").read_text())
     assert where["update"] == 200 and where["first_epoch_loss"] == 10.8
 
-    quality.run_all(args, data, {})  # run again: everything is finished or diverged, nothing trains
+    supervise.run_all(args, data, {})  # run again: everything is finished or diverged, nothing trains
     assert len((out / "trained").read_text().split()) == 6
-    best = quality.best_configs(args, {})
+    best = args.best_configs({})
     assert {variant: config.lr for variant, config in best.items()} == {"post-ln": 2e-3, "realformer": 1e-3}
     # what dropout_gap.py --json leaves in a run folder (quality.py --dropout-gap): local paths become names
     rows = [(f"{out}/post-ln-lr0.001/seed1/checkpoints/checkpoint{e}.pt", 4 * e, 11.5, 6.9) for e in (1, 2)]
@@ -197,7 +198,7 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
             }
         )
     )
-    runs = quality.collect(args, {})
+    runs = args.collect({})
     assert [row["checkpoint"] for row in runs[0]["dropout_gap"]["rows"]] == [
         "checkpoint1.pt",
         "checkpoint2.pt",
@@ -218,26 +219,25 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
         and runs[0]["val"]["chrf"] < 100
     )
 
-    report = _load("quality_report")
-    table = report.sweep_table(runs, args.variants, args.lrs, "what", {"post-ln": 2e-3, "realformer": 1e-3})
+    table = tables.sweep_table(runs, args.variants, args.lrs, "what", {"post-ln": 2e-3, "realformer": 1e-3})
     assert "| realformer | 0.002 | diverged at update 200 |" in table and "| post-ln ★ | 0.002 | " in table
     assert "| last checkpoint: valid loss, dropout off / on |" in table.splitlines()[4]
     assert table.splitlines()[6].endswith("| 10.900 / 6.700 (averaged) |")  # post-ln 1e-3: its record's last row
     assert table.splitlines()[7].endswith("| 264 | — |")  # post-ln 2e-3 has none
-    no_gaps = report.sweep_table(runs[1:], args.variants, args.lrs, "what")
+    no_gaps = tables.sweep_table(runs[1:], args.variants, args.lrs, "what")
     assert "dropout" not in no_gaps  # a study without --dropout-gap: the table it always had
-    study = {"settings": quality.settings(args), "runs": runs, "best": {"post-ln": 2e-3, "realformer": 1e-3}}
-    assert [(r["label"], r["seed"]) for r in report.compared_runs(study)] == [
+    study = {"settings": args.settings(), "runs": runs, "best": {"post-ln": 2e-3, "realformer": 1e-3}}
+    assert [(r["label"], r["seed"]) for r in compared_runs(study)] == [
         ("post-ln lr=0.002", 1),
         ("post-ln lr=0.002", 2),
         ("realformer lr=0.001", 1),
         ("realformer lr=0.001", 2),
     ]
-    assert report.sweep_figure(runs, args.variants, args.lrs, tmp_path / "fig", "s", "what").stat().st_size > 10_000
+    assert figures.sweep_figure(runs, args.variants, args.lrs, tmp_path / "fig", "s", "what").stat().st_size > 10_000
     # the depth figure: this sweep's lines named by their depth, another sweep's dashed beside them
     test_set = next(iter(runs[0]["test_sets"]))
     shallow = [r for r in runs if r["variant"] == "post-ln" and r["seed"] == 1]
-    lines = report.sweep_lines([(runs, "-", "12+12 layers"), (shallow, "--", "4+4 layers")], args.variants, test_set)
+    lines = figures.sweep_lines([(runs, "-", "12+12 layers"), (shallow, "--", "4+4 layers")], args.variants, test_set)
     assert [(x["label"], x["style"], x["lr"], x["diverged"]) for x in lines] == [
         ("post-ln (12+12 layers)", "-", [1e-3, 2e-3], []),
         ("realformer (12+12 layers)", "-", [1e-3], [(2e-3, 200)]),
@@ -245,7 +245,7 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
         ("realformer (4+4 layers)", "--", [], []),
     ]
     assert lines[0]["bleu"] == [r["test_sets"][test_set]["sacrebleu"] for r in shallow]
-    depth = report.sweep_figure(
+    depth = figures.sweep_figure(
         runs, args.variants, args.lrs, tmp_path / "fig", "d", "what", (shallow, "4+4 layers"), "12+12 layers"
     )
     assert depth.stat().st_size > 10_000
@@ -254,13 +254,12 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
 def test_the_description_names_the_depth_that_was_trained(tmp_path):
     """Figure titles and the JSON's "what": a deeper run of a preset reads as that depth, not as the
     preset's with a correction after it."""
-    quality = _load("quality")
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
 
     def what(*flags):
-        return quality.describe(quality.parse_args(["--data", str(data), "--preset", "cpu", "--machine", "m", *flags]))
+        return (_parse(["--data", str(data), "--preset", "cpu", "--machine", "m", *flags])).describe()
 
     assert what().startswith("Multi30k en→de, 4+4 layers, d=128, FFN 256, 20 epochs, peak lr 0.002")
     deep = what("--layers", "12")
@@ -269,7 +268,6 @@ def test_the_description_names_the_depth_that_was_trained(tmp_path):
 
 
 def test_flags_that_cannot_work_together_are_refused_in_one_line(tmp_path, capsys):
-    quality = _load("quality")
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
@@ -297,12 +295,11 @@ def test_flags_that_cannot_work_together_are_refused_in_one_line(tmp_path, capsy
 def _sweep(tmp_path, *flags):
     """quality.py and its arguments for a sweep of 2e-3 and 4e-3, seed 1, with *flags*, on a data
     folder that only has to exist."""
-    quality = _load("quality")
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
     sweep = ["--data", str(data), "--out", str(tmp_path / "out"), "--lr", "2e-3,4e-3", "--seeds", "1"]
-    return quality, data, quality.parse_args(sweep + list(flags))
+    return quality, data, _parse(sweep + list(flags))
 
 
 def _recording_runner(trained, then=lambda config, seed: None):
@@ -345,32 +342,31 @@ def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, 
         for c in args.configs
     }
     trained = []
-    monkeypatch.setattr(quality, "Runner", _recording_runner(trained))
+    monkeypatch.setattr(supervise, "Runner", _recording_runner(trained))
     args.jobs = 1
-    quality.run_all(args, data, recorded)
+    supervise.run_all(args, data, recorded)
     assert trained == [("pre-ln lr=0.004", 2), ("admin lr=0.002", 2), ("pre-ln lr=0.004", 3), ("admin lr=0.002", 3)]
 
 
 def test_a_stopped_runner_starts_no_queued_run_and_does_not_say_it_did(tmp_path, capsys, monkeypatch):
     """After Ctrl-C, a run still queued in the pool returns "stopped": no recipe starts and no
     "start" line is printed (the log must not claim a run that never began)."""
-    quality = _load("quality")
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
-    args = quality.parse_args(["--data", str(data), "--out", str(tmp_path / "out"), "--variants", "admin"])
+    args = _parse(["--data", str(data), "--out", str(tmp_path / "out"), "--variants", "admin"])
     started = []
-    monkeypatch.setattr(quality.subprocess, "Popen", lambda *a, **k: started.append(a))
-    runner = quality.Runner(args, tmp_path)
-    runner.stop(quality.signal.SIGINT, None)
+    monkeypatch.setattr(supervise.subprocess, "Popen", lambda *a, **k: started.append(a))
+    runner = supervise.Runner(args, tmp_path)
+    runner.stop(supervise.signal.SIGINT, None)
     assert runner.run(args.configs[0], 1) == "stopped"
     assert started == [] and " start " not in capsys.readouterr().out
 
 
 def test_fairseq_log_reads_its_stats_lines_in_both_log_formats():
-    """benchmarks/fairseq_log.py, the one reader of fairseq-train's log: the same numbers from
+    """common/fairseq_log.py, the one reader of fairseq-train's log: the same numbers from
     --log-format simple and json, json's train_/valid_ prefixes dropped, NaN kept, other lines None."""
-    log = _load("fairseq_log")
+    log = fairseq_log
     simple = [
         INNER.format(epoch=2, loss="nan", updates=150),
         EPOCH.format(epoch=2, loss=8.1, updates=264),
@@ -396,7 +392,6 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
     """The committed 18+18 study trained seed 1 at 2e-3 alone; a sweep over 1e-3,2e-3 with the same
     settings counts those runs as its 2e-3 runs (under its labels) and trains only the rest. A
     study of other settings (another depth) gives nothing."""
-    quality = _load("quality")
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
@@ -408,17 +403,13 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
         for v in ("admin", "realformer")
     ]
     study = tmp_path / "study.json"
-    study.write_text(
-        json.dumps({"settings": quality.settings(quality.parse_args([*single, "--lr", "2e-3"])), "runs": runs})
-    )
-    sweep = quality.parse_args([*single, "--lr", "1e-3,2e-3", "--best-seeds", "2,3", "--json", str(study)])
-    recorded = quality.recorded_runs(sweep)
+    study.write_text(json.dumps({"settings": _parse([*single, "--lr", "2e-3"]).settings(), "runs": runs}))
+    sweep = _parse([*single, "--lr", "1e-3,2e-3", "--best-seeds", "2,3", "--json", str(study)])
+    recorded = sweep.recorded()
     assert sorted(recorded) == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
     assert recorded["admin lr=0.002", 1]["label"] == "admin lr=0.002"
-    other_depth = quality.parse_args(
-        [*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)]
-    )
-    assert quality.recorded_runs(other_depth) == {}
+    other_depth = _parse([*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)])
+    assert other_depth.recorded() == {}
 
 
 def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_path, monkeypatch):
@@ -437,14 +428,14 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     for config in args.configs:
         record(config, 1)
     trained = []
-    monkeypatch.setattr(quality, "Runner", _recording_runner(trained, then=record))
+    monkeypatch.setattr(supervise, "Runner", _recording_runner(trained, then=record))
     args.jobs = 1
     reports = []  # quality.py reports (and writes --json) each time runs finish: commit them as they come
-    quality.run_all(args, data, recorded, lambda: reports.append(len(recorded)))
+    supervise.run_all(args, data, recorded, lambda: reports.append(len(recorded)))
     assert trained[:2] == [("pre-ln lr=0.008", 1), ("deepnorm lr=0.001", 1)]
     assert reports and reports[0] in (5, 6) and reports[-1] == 10  # after the first (or two), and the last
     assert sorted(trained[2:]) == sorted(
         [("pre-ln lr=0.008", s) for s in (2, 3)] + [("deepnorm lr=0.002", s) for s in (2, 3)]
     )
-    assert {v: c.lr for v, c in quality.best_configs(args, recorded).items()} == {"pre-ln": 8e-3, "deepnorm": 2e-3}
-    assert quality.settings(args)["widen"] is True and quality.settings(args)["lrs"] == [2e-3, 4e-3]
+    assert {v: c.lr for v, c in args.best_configs(recorded).items()} == {"pre-ln": 8e-3, "deepnorm": 2e-3}
+    assert args.settings()["widen"] is True and args.settings()["lrs"] == [2e-3, 4e-3]

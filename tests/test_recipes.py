@@ -14,9 +14,13 @@ import pytest
 import sacrebleu
 import torch
 
+from common.host import cpu_model
 from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
+from studies import quality, recipe, scoring
+from studies.runs import RunFolder
+from studies.study import compared_runs, scored_sets
 
-from .cli import BENCHMARKS, N_TEST, SCRIPTS, cli_error, load_script, popen, run
+from .cli import N_TEST, SCRIPTS, cli_error, load_script, popen, run
 from .helpers import REPO, build_model, parse_args
 from .test_compat import FIXTURES
 
@@ -617,7 +621,7 @@ def test_analysis_example_runs_on_the_quickstart_output(quickstart):
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k data not found at {MULTI30K}")
 def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
-    """benchmarks/quality.py --quick runs the recipe (its --tiny mode) on the real data, German ->
+    """studies/quality.py --quick runs the recipe (its --tiny mode) on the real data, German ->
     English, two variants with two seeds side by side, on every test set of the folder; stopped
     mid-way it resumes where it stopped; it reports mean ± std over seeds, paired bootstrap
     comparisons, the JSON with re-scorable translations, the dropout gap of every run's checkpoints,
@@ -630,7 +634,7 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     )
     out, json_path = tmp_path / "quality", tmp_path / "results" / "quality.json"
     argv = [
-        Path(REPO) / "benchmarks" / "quality.py",
+        Path(REPO) / "studies" / "quality.py",
         "--data",
         MULTI30K,
         "--quick",
@@ -670,7 +674,7 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch [12] @ \d+ updates\)", resumed)
     assert len((out / "realformer" / "seed1" / "attempts.jsonl").read_text().splitlines()) == 2
     machines = (out / "realformer" / "seed1" / "machines.jsonl").read_text().splitlines()
-    assert [json.loads(line)["cpu"] for line in machines] == [load_script("host", BENCHMARKS).cpu_model()] * 2
+    assert [json.loads(line)["cpu"] for line in machines] == [cpu_model()] * 2
 
     recipe = out / "realformer" / "seed2"
     assert (recipe / "bin").resolve() == (out / "data" / "bin").resolve()  # binarised once, shared
@@ -695,7 +699,7 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
     for r in result["runs"]:
         assert list(r["test_sets"]) == test_sets and r["updates"] > 0 and r["wall_s"] > 0 and r["tokens_per_s"] > 0
         assert len(r["valid_curve"]) == 2 and r["best_valid_loss"] == min(loss for _, loss in r["valid_curve"])
-        assert list(r["wall_s_by_cpu"]) == [load_script("host", BENCHMARKS).cpu_model()]
+        assert list(r["wall_s_by_cpu"]) == [cpu_model()]
         assert sum(r["wall_s_by_cpu"].values()) == pytest.approx(r["wall_s"], abs=0.2)
         assert r["val"]["signature"].startswith("nrefs:1|case:mixed")  # the validation set is scored too
         gap = r["dropout_gap"]["rows"]  # --dropout-gap: both epoch checkpoints (--tiny keeps 2), then the average
@@ -746,11 +750,10 @@ def test_multi30k_german_to_english_through_the_quality_benchmark(tmp_path):
 def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     """--lr with several rates: every variant at every rate, each in its own folder and row; the
     preset's settings otherwise; a bad rate is one line."""
-    quality = load_script("quality", BENCHMARKS)
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
-    args = quality.parse_args(
+    args, _ = quality.parse_args(
         [
             "--data",
             str(data),
@@ -772,18 +775,18 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
         ("admin lr=0.001", 1e-3),
         ("admin lr=0.002", 2e-3),
     ]
-    assert quality.run_folder(args, args.configs[1], 3) == tmp_path / "q" / "post-ln-lr0.002-epochs10" / "seed3"
+    assert args.run_folder(args.configs[1], 3) == tmp_path / "q" / "post-ln-lr0.002-epochs10" / "seed3"
     assert args.sweep and args.warmup == quality.PRESETS["cpu"].warmup and args.layers == 4
     (tmp_path / "updates_per_epoch").write_text("7\n")  # what quality.py counted on the data, cached
-    flags = quality.training_flags(args, tmp_path, 2e-3)
+    flags = recipe.training_flags(args, tmp_path, 2e-3)
     assert flags[flags.index("--lr") + 1] == "0.002" and flags[flags.index("--total-num-update") + 1] == "70"
-    single = quality.parse_args(["--data", str(data), "--preset", "cpu", "--out", str(tmp_path / "q")])
+    single, _ = quality.parse_args(["--data", str(data), "--preset", "cpu", "--out", str(tmp_path / "q")])
     assert not single.sweep and single.lr == quality.PRESETS["cpu"].lr
-    assert quality.run_folder(single, single.configs[0], 1) == tmp_path / "q" / "post-ln" / "seed1"
-    bf16 = quality.parse_args(["--data", str(data), "--preset", "cpu", "--bf16", "--out", str(tmp_path / "q")])
-    assert quality.run_folder(bf16, bf16.configs[0], 1) == tmp_path / "q" / "post-ln-bf16" / "seed1"
-    assert quality.recipe_run_flags(bf16)[0] == "--bf16"  # the recipe trains and translates in bf16
-    assert quality.settings(bf16)["bf16"] and "bf16" not in quality.settings(single)  # a float32 study's runs
+    assert single.run_folder(single.configs[0], 1) == tmp_path / "q" / "post-ln" / "seed1"
+    bf16, _ = quality.parse_args(["--data", str(data), "--preset", "cpu", "--bf16", "--out", str(tmp_path / "q")])
+    assert bf16.run_folder(bf16.configs[0], 1) == tmp_path / "q" / "post-ln-bf16" / "seed1"
+    assert recipe.run_flags(bf16)[0] == "--bf16"  # the recipe trains and translates in bf16
+    assert bf16.settings()["bf16"] and "bf16" not in single.settings()  # a float32 study's runs
     with pytest.raises(SystemExit):
         quality.parse_args(["--data", str(data), "--lr", "1e-3,fast"])
     assert (
@@ -797,7 +800,6 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
 def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_second_epochs(tmp_path):
     """tokens/s is target tokens over the time fairseq's per-epoch wps implies: epochs shorter than a
     second (train_wall 0, as the tests' tiny runs on a fast machine) still give a rate."""
-    report = _quality_report()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     line = (
@@ -816,7 +818,7 @@ def test_a_run_summary_reads_tokens_per_second_from_fairseqs_rate_even_for_sub_s
         + "\n"
     )
     (run_dir / "attempts.jsonl").write_text('{"wall_s": 2.5}\n{"wall_s": 1.0}\n')
-    summary = report.run_summary(run_dir)
+    summary = RunFolder(run_dir).summary()
     assert summary["tokens_per_s"] == pytest.approx(2000 / 3, abs=0.05)
     assert (summary["updates"], summary["epochs"], summary["attempts"], summary["wall_s"]) == (20, 2, 2, 3.5)
     assert summary["valid_curve"] == [(10, 8.5), (20, 7.5)] and summary["best_valid_loss"] == 7.5
@@ -838,7 +840,6 @@ def test_a_run_summary_counts_the_time_of_attempts_killed_with_their_session(tmp
     """A session's end kills the study with SIGKILL: its attempt writes no attempts.jsonl line, but
     its fairseq-train logged; that invocation's first-to-last-line time counts in the run's wall
     time, the recorded attempt's own invocation only once."""
-    report = _quality_report()
     run_dir = _run_with_train_log(
         tmp_path,
         [
@@ -851,19 +852,18 @@ def test_a_run_summary_counts_the_time_of_attempts_killed_with_their_session(tmp
         ],
     )
     (run_dir / "attempts.jsonl").write_text('{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n')
-    summary = report.run_summary(run_dir)
+    summary = RunFolder(run_dir).summary()
     assert (summary["attempts"], summary["wall_s"], summary["updates"]) == (2, 1296.0, 30)
     (run_dir / "attempts.jsonl").write_text(
         '{"started": "2026-11-24T09:07:30", "wall_s": 410.0, "returncode": -15}\n'  # stopped with Ctrl-C: recorded
         '{"started": "2026-11-24T09:26:20", "wall_s": 900.0, "returncode": 0}\n'
     )
-    assert (report.run_summary(run_dir)["attempts"], report.run_summary(run_dir)["wall_s"]) == (2, 1310.0)
+    assert (RunFolder(run_dir).summary()["attempts"], RunFolder(run_dir).summary()["wall_s"]) == (2, 1310.0)
 
 
 def test_a_run_that_spans_sessions_says_how_long_it_trained_on_each_processor(tmp_path):
     """The sessions' VMs change: each attempt's processor, written as it starts (machines.jsonl),
     goes with that attempt, killed or recorded; attempts from before the record "not recorded"."""
-    report = _quality_report()
     run_dir = _run_with_train_log(
         tmp_path,
         [
@@ -879,7 +879,7 @@ def test_a_run_that_spans_sessions_says_how_long_it_trained_on_each_processor(tm
     (run_dir / "machines.jsonl").write_text(
         '{"started": "2026-11-25T10:00:00", "cpu": "AMD EPYC"}\n{"started": "2026-11-26T08:00:00", "cpu": "Intel Xeon"}\n'
     )
-    summary = report.run_summary(run_dir)
+    summary = RunFolder(run_dir).summary()
     assert summary["wall_s_by_cpu"] == {"not recorded": 100.0, "AMD EPYC": 300.0, "Intel Xeon": 600.0}
     assert (summary["attempts"], summary["wall_s"]) == (3, 1000.0)
 
@@ -888,17 +888,16 @@ def test_the_permutation_test_across_seeds_counts_every_split_of_the_seeds():
     """Exact two-sided permutation test over seeds, against splits counted by hand: three seeds
     each give 20 splits, of which only the observed one and its mirror are as extreme when the
     groups do not overlap; equal groups give p = 1; two seeds each give 6 splits."""
-    report = _quality_report()
-    assert report.permutation_test([36.0, 36.5, 37.0], [35.0, 35.2, 35.4]) == pytest.approx((1.3, 2 / 20, 20))
-    assert report.permutation_test([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == (0.0, 1.0, 20)
+    assert scoring.permutation_test([36.0, 36.5, 37.0], [35.0, 35.2, 35.4]) == pytest.approx((1.3, 2 / 20, 20))
+    assert scoring.permutation_test([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == (0.0, 1.0, 20)
     # a = {3, 1}, b = {2, 0}: |Δ| = 1; splits {3,2}|{1,0} (2), {3,1}|{2,0} (1), {3,0}|{2,1} (0) and mirrors
-    assert report.permutation_test([3.0, 1.0], [2.0, 0.0]) == pytest.approx((1.0, 4 / 6, 6))
+    assert scoring.permutation_test([3.0, 1.0], [2.0, 0.0]) == pytest.approx((1.0, 4 / 6, 6))
     runs = [
         {"variant": v, "seed": seed, "test_sets": {"t": {"sacrebleu": bleu}}}
         for v, scores in (("realformer", (36.0, 36.5, 37.0)), ("admin", (35.0, 35.2, 35.4)), ("post-ln", (36.0,)))
         for seed, bleu in zip((1, 2, 3), scores)
     ]
-    assert report.seed_comparisons(runs) == [
+    assert scoring.seed_comparisons(runs) == [
         {
             "a": "realformer",
             "b": "admin",
@@ -912,11 +911,7 @@ def test_the_permutation_test_across_seeds_counts_every_split_of_the_seeds():
     ]
 
 
-def _quality_report():
-    return load_script("quality_report", BENCHMARKS)
-
-
-COMMITTED_STUDIES = sorted((Path(REPO) / "benchmarks" / "results").glob("*quality*multi30k-en-de*.json"))
+COMMITTED_STUDIES = sorted((Path(REPO) / "studies" / "results").glob("*quality*multi30k-en-de*.json"))
 # the published recipe's studies are scored their own way: test_published_recipe.py rescores them
 OWN_RECIPE_STUDIES = [path for path in COMMITTED_STUDIES if not path.stem.endswith("-published")]
 
@@ -932,11 +927,10 @@ def test_the_committed_quality_studies_rescore_from_their_translations(path):
         study["runs"]
         and study["machine"]
         and study["date"]
-        and study["command"].startswith("python benchmarks/quality.py")
+        and study["command"].startswith("python studies/quality.py")
     )
-    report = _quality_report()
     for r in study["runs"]:
-        for name, reported in report.scored_sets(r).items():  # the test sets, and the validation set when scored
+        for name, reported in scored_sets(r).items():  # the test sets, and the validation set when scored
             with gzip.open(Path(REPO) / reported["translations"], "rt", encoding="utf-8") as f:
                 hypotheses = f.read().splitlines()
             with gzip.open(MULTI30K / f"{name}.de.gz", "rt", encoding="utf-8") as f:
@@ -955,8 +949,7 @@ def test_the_committed_quality_studies_across_seed_tests_follow_from_their_score
     """The permutation tests across seeds in a committed study are those its runs' scores give (in a
     learning-rate sweep, of each variant at its best rate; none where it chose none)."""
     study = json.loads(path.read_text())
-    report = _quality_report()
-    assert study.get("seed_comparisons", []) == report.seed_comparisons(report.compared_runs(study))
+    assert study.get("seed_comparisons", []) == scoring.seed_comparisons(compared_runs(study))
 
 
 @pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)
@@ -993,7 +986,7 @@ def test_multi30k_names_a_missing_language_or_test_set(tmp_path):
         assert (result.returncode, result.stderr) == (2, f"run.sh: error: {expected}\n")
         assert not (tmp_path / "run").exists()
     result = run(
-        Path(REPO) / "benchmarks" / "quality.py",
+        Path(REPO) / "studies" / "quality.py",
         "--data",
         data,
         "--test-sets",

@@ -4,19 +4,23 @@ Every variant of fairseq_realformer/variants.py (Post-LN, Pre-LN, ADMIN with pro
 ReZero, T-Fixup, ResiDual, each of the last three also with residual attention, RealFormer on ADMIN
 with sum and mean and with value residual, ADMIN + RAdam without warm-up) is trained with the same seed, data, budget and learning
 rate on a few thousand real sentence pairs (Multi30k En→De, read from a local folder). For each: the first layers' gradient norms at initialisation
-(one batch, dropout on), and the final train and valid losses; a run diverged if fairseq stopped
-on NaN/Inf gradients or its loss ended above where it started.
+(one batch, dropout on), and the final train and valid losses; whether a run diverged is
+studies/divergence.py's rule, the quality studies' too: a loss that is not finite (fairseq stopped
+on NaN/Inf gradients), or a training loss that fell below its first epoch's mean and climbed back
+above it. (Rows committed before 2026-11-28 were judged by another rule, "the last logged loss
+at or above the first"; every one of them ended well below its first, as the table's train-loss
+column shows, and their logs were not kept to judge them again.)
 
-    python benchmarks/depth_stability.py --data ../shared/data/multi30k    # ~25 min on 2 CPU cores
+    python studies/depth_stability.py --data ../shared/data/multi30k    # ~25 min on 2 CPU cores
 
 Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are kept in --out and
 a re-run skips finished variants. ``--add-to TABLE`` merges new variants into a committed table
-(benchmarks/results/cpu-depth-stability-*.json): a variant the table lacks becomes a row, one it has
+(studies/results/cpu-depth-stability-*.json): a variant the table lacks becomes a row, one it has
 is re-run as a control, kept beside the rows with whether it measured the same as its row. A
 merge the table records already is not trained again, wherever --out is.
 
-    python benchmarks/depth_stability.py --variants post-ln-realformer,post-ln \\
-        --add-to benchmarks/results/cpu-depth-stability-lr3e-3.json
+    python studies/depth_stability.py --variants post-ln-realformer,post-ln \\
+        --add-to studies/results/cpu-depth-stability-lr3e-3.json
 """
 
 import argparse
@@ -31,11 +35,11 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fairseq_log  # noqa: E402
-import multi30k_args  # noqa: E402
-from host import host  # noqa: E402
-from repo import REPO, USER_DIR, VARIANTS, import_fairseq_quietly  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
+from common import fairseq_log, multi30k_args  # noqa: E402
+from common.host import host  # noqa: E402
+from common.repo import REPO, USER_DIR, VARIANTS, import_fairseq_quietly  # noqa: E402
+from studies.divergence import divergence  # noqa: E402
 
 BIN = Path(sys.executable).parent
 # options that say where results go, not what is measured: a folder or table of other values still compares
@@ -201,8 +205,7 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
     stopped_on_nan = proc.returncode != 0 and ("FloatingPointError" in proc.stderr or "nan" in proc.stderr.lower())
     if proc.returncode != 0 and not stopped_on_nan:
         raise SystemExit(f"{variant}: fairseq-train failed ({proc.returncode}); see {out / variant / 'train.log'}")
-    finite = all(math.isfinite(x) for x in train) and (valid is None or math.isfinite(valid))
-    diverged = stopped_on_nan or not finite or (len(train) > 1 and train[-1] >= train[0])
+    diverged = stopped_on_nan or divergence((proc.stdout + proc.stderr).splitlines()) is not None
     result = {
         "variant": variant,
         "first_train_loss": train[0] if train else None,
@@ -327,7 +330,7 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
     if args.add_to:
-        merge(args, settings, results, "python benchmarks/depth_stability.py " + shlex.join(argv or sys.argv[1:]))
+        merge(args, settings, results, "python studies/depth_stability.py " + shlex.join(argv or sys.argv[1:]))
 
 
 if __name__ == "__main__":

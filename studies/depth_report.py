@@ -1,9 +1,9 @@
-"""The depth study as Markdown and one figure: benchmarks/quality.py's studies of the same model at
+"""The depth study as Markdown and one figure: studies/quality.py's studies of the same model at
 several depths (4+4, 12+12, 18+18 layers), each variant at its best peak learning rate. It trains
 nothing; it reads the studies' JSONs and their committed translations.
 
-    python benchmarks/depth_report.py            # the three committed studies, the figure into docs/figures/lr-sweep
-    python benchmarks/depth_report.py SHALLOW.json DEEP.json [DEEPER.json ...] --figure OUT.png
+    python studies/depth_report.py            # the three committed studies, the figure into docs/figures/lr-sweep
+    python studies/depth_report.py SHALLOW.json DEEP.json [DEEPER.json ...] --figure OUT.png
 
 1. Best against best at each depth: each variant at the rate its study chose on validation BLEU
    (a study of one rate: that rate), mean ± sample std over the seeds present, sacrebleu's paired
@@ -30,18 +30,18 @@ import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import quality_report  # noqa: E402
-from repo import MULTI30K, REPO, repo_relative  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
+from common.repo import MULTI30K, REPO, repo_relative  # noqa: E402
+from studies import scoring, tables  # noqa: E402
+from studies.study import compared_runs, is_sweep, scored_sets  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "studies" / "results"
 STUDIES = [
     RESULTS / f"cpu-quality-{name}-multi30k-en-de.json"
     for name in ("lr-sweep", "depth-12", "depth-18", "depth-18-pre-ln-deepnorm")
 ]
 FIGURE = REPO / "docs" / "figures" / "lr-sweep" / "cpu-quality-depth-multi30k-en-de.bleu-vs-depth.png"
 # (system, baseline): residual attention against each backbone a user could pick instead, and ADMIN against Pre-LN
-PAIRS = (("realformer", "admin"), ("realformer", "pre-ln"), ("realformer", "deepnorm"), ("admin", "pre-ln"))
 BEHIND_BLEU = 2.0  # a seed this far below its variant's best seed is named (an unlucky or unstable one)
 FAILED_BLEU = 10.0  # below this mean test BLEU a variant did not train at that depth (those that did: 34 and up)
 
@@ -53,7 +53,7 @@ def parse_args(argv=None):
         nargs="*",
         default=STUDIES,
         metavar="JSON",
-        help="benchmarks/quality.py JSONs (default: the 4+4 sweep, 12+12 and 18+18 studies in benchmarks/results)",
+        help="studies/quality.py JSONs (default: the 4+4 sweep, 12+12 and 18+18 studies in benchmarks/results)",
     )
     p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
     p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")
@@ -63,17 +63,17 @@ def parse_args(argv=None):
 
 def load(path, data):
     """A study's JSON with its runs' scores pointing at the committed translations (hypotheses) and
-    the references, as quality_report's comparisons read them; None when the file is not there."""
+    the references, as scoring.comparisons reads them; None when the file is not there."""
     if not Path(path).exists():
         return None
     study = json.loads(Path(path).read_text())
     for run in study["runs"]:
-        for score in quality_report.scored_sets(run).values():
+        for score in scored_sets(run).values():
             score["hypotheses"] = str(REPO / score["translations"])
             reference = Path(score["reference"])
             score["reference"] = str(reference if reference.exists() else Path(data) / reference.name)
     study["layers"] = study["settings"]["layers"]
-    study["compared"] = quality_report.compared_runs(study)  # each variant at its best rate
+    study["compared"] = compared_runs(study)  # each variant at its best rate
     return study
 
 
@@ -112,7 +112,7 @@ def same_depth(group):
 def rate_chosen(study):
     """How the study chose each variant's peak lr."""
     settings = study["settings"]
-    if not quality_report.is_sweep(study):
+    if not is_sweep(study):
         return f"{settings['lr']:g}, the only rate trained"
     rates = ", ".join(f"{v} {lr:g}" for v, lr in study.get("best", {}).items())
     seeds = ", ".join(map(str, settings["seeds"]))
@@ -138,8 +138,8 @@ def per_seed_lines(runs, test_name):
 
 
 def depth_section(group):
-    """One depth (one study, or several of the same depth): quality_report's table of each variant
-    at its best rate, with PAIRS compared, and each variant's seeds."""
+    """One depth (one study, or several of the same depth): tables.table of each variant
+    at its best rate, with scoring.PAIRS compared, and each variant's seeds."""
     study = same_depth(group)
     layers = study["layers"]
     runs = [r for r in study["compared"] if not r.get("diverged")]
@@ -148,14 +148,16 @@ def depth_section(group):
     title = f"### {layers}+{layers} layers, each variant at its best rate\n\n{chosen}."
     references = sorted({s["reference"] for r in runs for s in r["test_sets"].values()})
     absent = [ref for ref in references if not Path(ref).exists()]
-    found = [] if absent else quality_report.comparisons(runs, PAIRS)
-    across = quality_report.seed_comparisons(runs, PAIRS)
-    lines = [quality_report.table(runs, labels, found, title, across), ""]
+    found = [] if absent else scoring.comparisons(runs)
+    across = scoring.seed_comparisons(runs)
+    lines = [tables.table(runs, labels, found, title, across), ""]
     if absent:
         lines.append(f"Paired bootstrap not run: no reference {', '.join(absent)} (--data).")
     variants = {r["variant"] for r in runs}
     one_seed = [
-        f"{a} − {b}" for a, b in PAIRS if {a, b} <= variants and not any((c["a"], c["b"]) == (a, b) for c in across)
+        f"{a} − {b}"
+        for a, b in scoring.PAIRS
+        if {a, b} <= variants and not any((c["a"], c["b"]) == (a, b) for c in across)
     ]
     if one_seed:
         lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
@@ -183,7 +185,7 @@ def across_depths(studies, test_name):
     def with_seeds(study, variant):
         rate = next(r["lr"] for r in study["compared"] if r["variant"] == variant)
         n = len(scores(study, variant, test_name))
-        return f"{quality_report.cell(scores(study, variant, test_name))} (lr {rate:g}, {n} seed{'s' * (n > 1)})"
+        return f"{tables.cell(scores(study, variant, test_name))} (lr {rate:g}, {n} seed{'s' * (n > 1)})"
 
     lines = [f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth"]
     for index, base in enumerate(studies[:-1]):
@@ -201,7 +203,7 @@ def across_depths(studies, test_name):
                 deep, shallow = scores(study, variant, test_name), scores(base, variant, test_name)
                 if not deep or not shallow:
                     continue
-                delta, p_value, splits = quality_report.permutation_test(deep, shallow)
+                delta, p_value, splits = scoring.permutation_test(deep, shallow)
                 p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
                 lines.append(
                     f"| {variant} | {study['layers']}+{study['layers']} | {with_seeds(study, variant)} "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The learning-rate and depth study on Multi30k en->de (benchmarks/RESULTS.md), every step resumable:
+# The learning-rate and depth study on Multi30k en->de (studies/STUDY.md), every step resumable:
 #   1. the sweep: five variants at peak lr 2e-3, 4e-3, 8e-3, seed 1; then seeds 2 and 3 of each
 #      variant at its best rate on validation BLEU;
 #   2. depth: the five variants at 12+12 layers, lr 2e-3 and 4e-3, seed 1, each run's checkpoints
@@ -14,10 +14,10 @@
 #   5. depth settled (issue 69): seeds 4 and 5 of admin and realformer at 18+18 (at 2e-3, their
 #      rate); then pre-ln and deepnorm at 18+18, lr 2e-3 and 4e-3, seed 1, and the rate beyond the
 #      better one's edge (1e-3 or 8e-3, --widen); then seeds 2 and 3 of each at its best of the three.
-#      Always float32, as the committed 18+18 study: benchmarks/lr_depth_study.sh --stages 5
+#      Always float32, as the committed 18+18 study: studies/lr_depth_study.sh --stages 5
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 #
-#   benchmarks/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5]
+#   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 precision=bf16 jobs=2 out=$root/runs machine= stages=1,2,3,4
@@ -37,8 +37,8 @@ case "$precision" in
   *) echo "lr_depth_study.sh: error: --precision $precision: bf16 or fp32" >&2; exit 2 ;;
 esac
 py=${REALFORMER_VENV:-$root/.venv}/bin/python
-[ -n "$machine" ] || machine=$(cd "$root/benchmarks" && "$py" -c "from host import host; print(host())")
-results=$root/benchmarks/results
+[ -n "$machine" ] || machine=$(cd "$root" && "$py" -c "from common.host import host; print(host())")
+results=$root/studies/results
 variants=post-ln,pre-ln,admin,realformer,post-ln-realformer
 say() { echo "[study $(date +%H:%M:%S)] $*"; }
 stage() { [[ ",$stages," == *",$1,"* ]]; }
@@ -48,14 +48,14 @@ echo 19 2>/dev/null > /proc/self/autogroup || true
 
 if stage 1; then
 say "1/4 learning-rate sweep, $precision, $jobs trainings side by side, in $out/lr-sweep"
-nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --lr 2e-3,4e-3,8e-3 --seeds 1 \
+nice -n 19 "$py" "$root/studies/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --lr 2e-3,4e-3,8e-3 --seeds 1 \
   --best-seeds 2,3 --variants $variants --jobs "$jobs" --out "$out/lr-sweep" --machine "$machine" \
   --json "$results/cpu-quality-lr-sweep-multi30k-en-de$tag.json" --figures "$root/docs/figures/lr-sweep"
 fi
 
 if stage 2; then
 say "2/4 depth: 12+12 layers in $out/depth-12"
-nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 12 --lr 2e-3,4e-3 \
+nice -n 19 "$py" "$root/studies/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 12 --lr 2e-3,4e-3 \
   --seeds 1 --best-seeds 2,3 --best-variants pre-ln,admin,realformer --variants $variants --jobs "$jobs" \
   --dropout-gap --out "$out/depth-12" --machine "$machine" \
   --json "$results/cpu-quality-depth-12-multi30k-en-de$tag.json" --figures "$root/docs/figures/lr-sweep" \
@@ -64,13 +64,13 @@ fi
 
 if stage 3; then for lr in 3e-3 6e-3; do
   say "3/4 depth stability, 18+18 layers, lr $lr: post-ln-realformer and a post-ln control"
-  nice -n 19 "$py" "$root/benchmarks/depth_stability.py" --variants post-ln-realformer,post-ln --lr $lr \
+  nice -n 19 "$py" "$root/studies/depth_stability.py" --variants post-ln-realformer,post-ln --lr $lr \
     --out "$out/depth-stability-$lr" --add-to "$results/cpu-depth-stability-lr$lr.json" --machine "$machine"
 done; fi
 
 if stage 4; then
 say "4/4 the paper's depth: admin and realformer at 18+18 layers in $out/depth-18"
-nice -n 19 "$py" "$root/benchmarks/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --lr 1e-3,2e-3 \
+nice -n 19 "$py" "$root/studies/quality.py" --preset cpu ${flag[@]+"${flag[@]}"} --layers 18 --lr 1e-3,2e-3 \
   --seeds 1 --best-seeds 2,3 --variants admin,realformer --jobs "$jobs" --dropout-gap --out "$out/depth-18" \
   --machine "$machine" --json "$results/cpu-quality-depth-18-multi30k-en-de$tag.json"
 fi
@@ -78,9 +78,9 @@ if stage 5; then
 say "5/5 depth settled at 18+18 in $out/depth-18: seeds 4, 5 of admin and realformer, then pre-ln and deepnorm"
 # float32 whatever --precision says: the committed 18+18 study's runs are float32
 depth18=(--preset cpu --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
-nice -n 19 "$py" "$root/benchmarks/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --best-seeds 2,3,4,5 --variants admin,realformer \
+nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --best-seeds 2,3,4,5 --variants admin,realformer \
   --json "$results/cpu-quality-depth-18-multi30k-en-de.json"
-nice -n 19 "$py" "$root/benchmarks/quality.py" "${depth18[@]}" --lr 2e-3,4e-3 --widen --best-seeds 2,3 --variants pre-ln,deepnorm \
+nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 2e-3,4e-3 --widen --best-seeds 2,3 --variants pre-ln,deepnorm \
   --json "$results/cpu-quality-depth-18-pre-ln-deepnorm-multi30k-en-de.json"
 fi
 say "done"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from repo import MULTI30K, VARIANTS, parse_variants
+from common.repo import MULTI30K, VARIANTS, parse_variants
 
 
 def add(parser, default_variants: str, also=()) -> None:

@@ -3,11 +3,11 @@ the model trains. A deep Post-LN model can keep learning with dropout on while i
 breaks (benchmarks/RESULTS.md: depth stability, and the 12+12-layer runs); fairseq's logged
 validation loss alone cannot tell that from a model that learned nothing.
 
-    python benchmarks/dropout_gap.py runs/depth-12/post-ln-lr0.004-layers12/seed1
-    python benchmarks/dropout_gap.py CHECKPOINT.pt [CHECKPOINT.pt ...] --data DATA_BIN
-    python benchmarks/dropout_gap.py RUN --json RUN/dropout_gap.json   # the table as JSON too
+    python studies/dropout_gap.py runs/depth-12/post-ln-lr0.004-layers12/seed1
+    python studies/dropout_gap.py CHECKPOINT.pt [CHECKPOINT.pt ...] --data DATA_BIN
+    python studies/dropout_gap.py RUN --json RUN/dropout_gap.json   # the table as JSON too
 
-A run folder of benchmarks/quality.py stands for its epoch checkpoints (checkpoints/checkpointN.pt,
+A run folder of studies/quality.py stands for its epoch checkpoints (checkpoints/checkpointN.pt,
 in epoch order), then the averaged one (checkpoint_avg.pt) if it has it; its data is its bin/
 unless --data says. The loss is fairseq's: the criterion's loss per target token in bits (label
 smoothing included) over every sentence of --subset. With dropout on, the masks are drawn from
@@ -22,8 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from repo import USER_DIR, import_fairseq_quietly  # noqa: E402  (puts this checkout's plugin on the path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
+from common.repo import USER_DIR, import_fairseq_quietly  # noqa: E402  (puts this checkout's plugin on the path)
 
 PROG = "dropout_gap.py"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--subset", default="valid", help="the split to score (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1, help="seed of the dropout masks (default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="also write the rows to FILE (benchmarks/quality.py --dropout-gap)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows to FILE (studies/quality.py --dropout-gap)")
     return p.parse_args(argv)
 
 

@@ -1,0 +1,15 @@
+"""The translation-quality studies: Multi30k trainings of the plugin's variants, seeds and learning
+rates, scored, compared and drawn. `python studies/quality.py --help` is where to start; STUDY.md
+is what they found.
+
+    quality.py       the command line: a study's settings from its flags, then train and report
+    study.py         a Study: its runs' settings and folders, its JSON and translations
+    runs.py          one run folder: what the recipe and the runner leave there, and what it measured
+    recipe.py        the Multi30k recipe's commands: the data, a run's fairseq-train flags
+    supervise.py     training a study's runs N at a time: locks, niceness, the divergence watch
+    divergence.py    when a training has diverged (the one definition)
+    scoring.py       comparisons: paired bootstrap, permutation test, means over seeds
+    tables.py        the Markdown tables
+    figures.py       the figures
+    depth_report.py, depth_stability.py, dropout_gap.py, lr_depth_study.sh: the depth studies
+"""

@@ -1,0 +1,145 @@
+"""A study's figures: validation loss against updates, test BLEU per seed, and a sweep's test BLEU
+against the learning rate."""
+
+import statistics
+import textwrap
+
+from common.repo import quiet_logging
+from studies.scoring import primary
+
+quiet_logging()  # matplotlib's line for every font lookup
+
+
+def figures(runs, labels, folder, stem, what):
+    """Two PNGs: validation loss against updates (seeds as a band), and test sacreBLEU per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    what = textwrap.fill(what, 85)  # the title's second line: what was measured on which data and machine
+    present = [label for label in labels if any(r["label"] == label for r in runs)]
+    colours = dict(zip(present, plt.get_cmap("tab10").colors))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    tail = []
+    for variant in present:
+        curves = [r["valid_curve"] for r in runs if r["label"] == variant and r["valid_curve"]]
+        length = min(len(c) for c in curves)
+        updates = [statistics.mean(c[i][0] for c in curves) for i in range(length)]
+        losses = [[c[i][1] for c in curves] for i in range(length)]
+        ax.plot(
+            updates,
+            [statistics.mean(v) for v in losses],
+            color=colours[variant],
+            label=f"{variant} ({len(curves)} seed{'s' if len(curves) > 1 else ''})",
+        )
+        if len(curves) > 1:
+            ax.fill_between(
+                updates, [min(v) for v in losses], [max(v) for v in losses], color=colours[variant], alpha=0.25
+            )
+        tail += [loss for v in losses[length // 4 :] for loss in v]
+    if tail:  # the first epochs' losses are far above the rest: show where the variants differ
+        ax.set_ylim(min(tail) - 0.05, max(tail) + 0.05)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
+    ax.set_title(f"Validation loss during training, mean over seeds (band: min–max)\n{what}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths = [folder / f"{stem}.valid-loss.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    names = list(runs[0]["test_sets"]) if runs else []
+    fig, axes = plt.subplots(1, len(names), figsize=(max(8, 1.5 * len(present)) * len(names), 4.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for i, variant in enumerate(present):
+            scores = [primary(r["test_sets"][name]) for r in runs if r["label"] == variant]
+            ax.scatter([i] * len(scores), scores, color=colours[variant], zorder=3, label="seeds" if i == 0 else None)
+            ax.hlines(statistics.mean(scores), i - 0.3, i + 0.3, color="black", label="mean" if i == 0 else None)
+        # a sweep's labels carry their rate ("post-ln-realformer lr=0.004"): on two lines they do not collide
+        ax.set_xticks(range(len(present)), [label.replace(" lr=", "\nlr=") for label in present])
+        metric = "BLEU (tokenised, lowercased)" if "bleu_tok" in runs[0]["test_sets"][name] else "sacreBLEU"
+        ax.set_ylabel(metric)
+        ax.set_title(f"Test {metric} on {name}, each seed and the mean\n{what}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    paths.append(folder / f"{stem}.bleu.png")
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def sweep_lines(studies, variants, test_name):
+    """The sweep figure's lines: for each study (its runs, line style, name) and each variant, the
+    first seed's test sacreBLEU at every rate it finished, and the rates where it diverged."""
+    lines = []
+    for study_runs, style, name in studies:
+        seed = min((r["seed"] for r in study_runs), default=1)
+        for variant in variants:
+            mine = sorted(
+                (r for r in study_runs if r["variant"] == variant and r["seed"] == seed), key=lambda r: r["lr"]
+            )
+            scored = [r for r in mine if not r.get("diverged") and test_name in r["test_sets"]]
+            lines.append(
+                {
+                    "variant": variant,
+                    "label": f"{variant} ({name})" if name else variant,
+                    "style": style,
+                    "lr": [r["lr"] for r in scored],
+                    "bleu": [r["test_sets"][test_name]["sacrebleu"] for r in scored],
+                    "diverged": [(r["lr"], r["diverged"]["update"]) for r in mine if r.get("diverged")],
+                }
+            )
+    return lines
+
+
+def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None, name=""):
+    """Test sacreBLEU against the peak learning rate, one line per variant (the first seed), diverged
+    runs marked on the axis; with *beside* (another sweep's runs and its name), its lines dashed and
+    this sweep's named *name*."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    test_name = next((list(r["test_sets"])[0] for r in runs if r["test_sets"]), None)
+    colours = dict(zip(variants, plt.get_cmap("tab10").colors))
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    marked = False
+    studies = [(runs, "-", name if beside else "")] + ([(beside[0], "--", beside[1])] if beside else [])
+    for line in sweep_lines(studies, variants, test_name):
+        colour = colours[line["variant"]]
+        if line["lr"]:
+            ax.plot(line["lr"], line["bleu"], line["style"], marker="o", color=colour, label=line["label"])
+        for lr, update in line["diverged"]:
+            ax.scatter(
+                [lr], [0], marker="x", s=80, color=colour, zorder=3, label=None if marked else "diverged (stopped)"
+            )
+            ax.annotate(
+                f"{line['label']}: update {update}",
+                (lr, 0),
+                textcoords="offset points",
+                xytext=(4, 6 + 10 * variants.index(line["variant"])),
+                fontsize=7,
+                color=colour,
+            )
+            marked = True
+    ax.set_xscale("log")
+    ticks = sorted({*lrs, *(r["lr"] for r in runs), *(r["lr"] for r in (beside[0] if beside else ()))})
+    ax.set_xticks(ticks, [f"{lr:g}" for lr in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(-1, ax.get_ylim()[1] + 2)  # room above the best point, and the diverged marks at 0
+    ax.set_xlabel("peak learning rate (log scale)")
+    ax.set_ylabel(f"test sacreBLEU ({test_name})")
+    ax.set_title(f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(what, 85)}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = folder / f"{stem}.bleu-vs-lr.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

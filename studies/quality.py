@@ -1,0 +1,329 @@
+"""Translation quality on real data: Multi30k, every variant with several seeds, one table of test
+scores (mean ± sample std over seeds), paired bootstrap significance seed by seed, a permutation
+test across seeds, learning curves.
+
+Post-LN, Pre-LN, ADMIN (profiled ω) and RealFormer on ADMIN (sum, and mean: "realformer") are
+trained with the same data, settings and budget by the Multi30k recipe (examples/multi30k/run.sh:
+joint sentencepiece, fairseq-train, average of the last 5 epoch checkpoints, beam 5, sacreBLEU on
+each test set); the variants are those of fairseq_realformer/variants.py. Any two of en, de, fr,
+cs (default en→de); by default every test set of --data in both languages.
+
+    nice -n 19 python studies/quality.py --preset cpu --seeds 1,2,3 --jobs 2 \\
+        --json studies/results/cpu-quality-multi30k-en-de.json --figures studies/results
+    python studies/quality.py --seeds 1,2,3                   # --preset gpu: the recipe's size, one GPU
+    python studies/quality.py --quick --seeds 1,2             # minutes on a CPU: proves it runs
+    python studies/quality.py --preset cpu --report-only --json ...   # report the finished runs only
+    python studies/quality.py --preset cpu --bf16 --variants post-ln,realformer --seeds 1,2 \\
+        --json studies/results/cpu-quality-multi30k-en-de-bf16.json    # in bf16 mixed precision
+
+Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers override them):
+  gpu    the recipe's model: 6+6 layers, 512/1024, 4 heads, dropout 0.3, Adam 5e-4 with
+         inverse-sqrt warm-up 1000, 12 epochs
+  cpu    4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, label smoothing 0.1, Adam (0.9, 0.98)
+         peak lr 2e-3 after 400 warm-up updates, then linear decay to 0 at the end of epoch 20
+         (the RealFormer paper's schedule for NMT); 4,096 tokens a batch, ~132 updates an epoch.
+         On an idle 2-core CPU an epoch takes ~100 s, so a run ~35-40 min (studies/STUDY.md:
+         how the learning rate was chosen, and the times measured)
+  published  the literature's text-only recipe, as Wu et al. 2021 published it for 41.02 BLEU on
+         test_2016_flickr (the recipe's --published): lowercased, Moses-tokenised text with joint
+         BPE (10,000 merges), 4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3; Adam 5e-3 after
+         2,000 warm-up updates from 1e-7, 8,192 tokens an update, clip-norm 25; at most 8,000
+         updates, stopped after 10 epochs without a better validation loss; average of the last
+         10 epoch checkpoints. Scored as the literature scores it: BLEU on the tokenised,
+         lowercased text (multi-bleu's number), and sacreBLEU and chrF case-insensitive on the
+         Moses-detokenised output. The variant "fairseq" is fairseq's own `transformer`.
+
+    nice -n 19 python studies/quality.py --preset published --seeds 1 --jobs 2 \\
+        --variants fairseq,post-ln-realformer,admin,realformer \\
+        --json studies/results/cpu-quality-multi30k-en-de-published.json
+  --quick  the recipe's --tiny mode (first 300 lines, width 32) with 2+2 layers, 2 epochs: its
+         BLEU says the pipeline works, not which model is better
+
+The study can be stopped at any time (Ctrl-C, or kill its process group) and run again with the
+same command: finished runs are skipped and an interrupted run resumes from its last epoch
+checkpoint. The runs a --json file of the same settings holds count as finished too, so a
+committed study goes on in a fresh checkout. Seed 1 of every variant runs first, then seed 2,
+..., so partial results stay balanced. --jobs N trains N runs side by side with one thread each:
+on this project's 2-core machine two one-thread runs made ~5,250 target tokens/s together, one
+two-thread run ~4,500.
+
+Learning rates: --lr 2e-3,4e-3,8e-3 is a sweep, every variant at every rate. Each run also scores
+the validation set; --best-seeds 2,3 then trains those seeds for each variant at the rate where its
+--seeds runs scored the best validation BLEU (never a test set), as soon as that variant's sweep is
+in. With --widen, a variant whose best rate is the lowest or the highest of --lr also trains its
+--seeds at half that rate or twice it, and its best is chosen among the three. The report is the
+sweep's table and figure (test BLEU against the rate), then each variant at its best against the
+others, with the comparisons above.
+
+    nice -n 19 python studies/quality.py --preset cpu --bf16 --lr 2e-3,4e-3,8e-3 --seeds 1 \\
+        --best-seeds 2,3 --variants post-ln,pre-ln,admin,realformer,post-ln-realformer --jobs 2 \\
+        --json studies/results/cpu-quality-lr-sweep-multi30k-en-de-bf16.json --figures docs/figures/lr-sweep
+
+Divergence: a run whose loss becomes NaN or infinite, or whose training loss climbs back above its
+first epoch's mean (in any 50-update interval fairseq logs, or any epoch), is stopped at once. It is
+recorded, in OUT/.../diverged.json and the JSON, with the update where it happened; it is shown in
+the table and the figure, and never retried or chosen as a best.
+
+Dropout gap: with --dropout-gap, every finished run's kept epoch checkpoints and its averaged one
+are scored on the validation set with dropout off (fairseq's validation loss) and on (as it
+trains), by studies/dropout_gap.py, into OUT/.../dropout_gap.json and the JSON; the sweep's
+table shows the last checkpoint's pair (the averaged one). A deep Post-LN run can learn with
+dropout on and break with it off; the logged validation loss alone cannot tell that from a run
+that learned nothing.
+
+Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; with --lr,
+--warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS; with --bf16, which trains and
+translates in bfloat16 mixed precision, OUT/VARIANT-...-bf16/seedS).
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import shlex
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
+from common import multi30k_args  # noqa: E402
+from common.host import host  # noqa: E402
+from common.presets import PRESETS  # noqa: E402
+from common.repo import REPO, STOCK  # noqa: E402
+from studies import figures, recipe, scoring, supervise, tables  # noqa: E402
+from studies.runs import RunFolder  # noqa: E402
+from studies.study import Study, compared_runs  # noqa: E402
+
+DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
+# what the command asks of a study besides its settings: train nothing, and where to draw
+Outputs = namedtuple("Outputs", "report_only figures beside")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="work folder (default: runs/quality-SRC-TGT-PRESET)")
+    p.add_argument(
+        "--preset",
+        choices=("gpu", "cpu", "published"),
+        default="gpu",
+        help="model size and schedule (default: %(default)s)",
+    )
+    p.add_argument("--quick", action="store_true", help="the recipe's --tiny mode, 2+2 layers: minutes on a CPU")
+    p.add_argument("--seeds", default="1", metavar="1,2,3", help="comma list of seeds (default: %(default)s)")
+    p.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="trainings side by side, one thread each (default: 1)"
+    )
+    p.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
+    p.add_argument(
+        "--lr",
+        metavar="LR[,LR...]",
+        help="peak learning rate (default: the preset's); several: a sweep, each its own runs",
+    )
+    p.add_argument(
+        "--best-seeds",
+        metavar="2,3",
+        dest="best_seeds_given",
+        help="with several --lr: then train these seeds too, for each variant at the rate whose "
+        "--seeds runs scored the best validation BLEU",
+    )
+    p.add_argument(
+        "--widen",
+        action="store_true",
+        help="with several --lr: where a variant's best rate is the lowest or the highest of them, also "
+        "train its --seeds at half the lowest or twice the highest, and choose among the three (no "
+        "variant loses for want of its rate)",
+    )
+    p.add_argument(
+        "--best-variants",
+        metavar="A,B,...",
+        help="with --best-seeds: only these of --variants get the further seeds (default: all; e.g. not "
+        "the ones that do not train at this depth)",
+    )
+    p.add_argument(
+        "--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)"
+    )
+    p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="train and translate in bfloat16 mixed precision (the recipe's --bf16; folders VARIANT-bf16)",
+    )
+    p.add_argument("--source-lang", default="en", help="en, de, fr or cs (default: %(default)s)")
+    p.add_argument("--target-lang", default="de", help="en, de, fr or cs (default: %(default)s)")
+    p.add_argument(
+        "--test-sets",
+        metavar="A,B,...",
+        help="test sets of --data to score (default: every test_* set in both languages)",
+    )
+    p.add_argument("--report-only", action="store_true", help="train nothing: report the runs already finished")
+    p.add_argument(
+        "--dropout-gap",
+        action="store_true",
+        help="score every finished run's kept checkpoints with dropout off and on (studies/dropout_gap.py)",
+    )
+    p.add_argument("--figures", metavar="DIR", help="draw the learning curves and the BLEU per seed into DIR")
+    p.add_argument(
+        "--beside",
+        metavar="JSON",
+        help="a sweep's figure also draws this other sweep's lines, dashed (e.g. 4+4 beside 12+12 layers)",
+    )
+    p.add_argument(
+        "--machine",
+        default=host(),
+        help="the machine, for the figures' titles and the JSON (default: %(default)s)",
+    )
+    multi30k_args.add(p, DEFAULT_VARIANTS, also=STOCK)
+    return p
+
+
+def comma_ints(p, flag, given, example):
+    try:
+        return sorted({int(s) for s in given.split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--{flag} {given}: expected a comma list of integers, e.g. {example}")
+
+
+def parse_args(argv=None):
+    """The study the command line asks for, and its Outputs; one line naming the flag for anything
+    that cannot work."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    multi30k_args.check(p, args, also=STOCK)
+    seeds = comma_ints(p, "seeds", args.seeds, "1,2,3")
+    if not seeds:
+        p.error("--seeds: give at least one seed")
+    for flag in ("jobs", "epochs", "warmup", "layers"):
+        value = getattr(args, flag)
+        if value is not None and value < (0 if flag == "warmup" else 1):
+            p.error(f"--{flag} {value}: must be at least {0 if flag == 'warmup' else 1}")
+    if args.quick and args.preset == "published":  # run.sh: --tiny and --published exclude each other
+        p.error("--quick: the published recipe has no tiny form; drop --quick, or use --preset cpu")
+    preset_name = "quick" if args.quick else args.preset
+    lrs = [PRESETS[preset_name].lr]
+    if args.lr is not None:
+        try:
+            lrs = [float(lr) for lr in args.lr.split(",")]
+        except ValueError:
+            p.error(f"--lr {args.lr}: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
+        if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+            p.error(f"--lr {args.lr}: learning rates must be positive and different")
+    sweep = len(lrs) > 1
+    if args.widen and not sweep:
+        p.error("--widen: needs several --lr to widen")
+    best_seeds, best_variants = [], None
+    if args.best_variants is not None and args.best_seeds_given is None:
+        p.error("--best-variants: only with --best-seeds")
+    if args.best_seeds_given is not None:
+        best_seeds = comma_ints(p, "best-seeds", args.best_seeds_given, "2,3")
+        if not sweep:
+            p.error("--best-seeds: needs several --lr to choose from")
+        if args.best_variants is not None:
+            best_variants = [v.strip() for v in args.best_variants.split(",") if v.strip()]
+            unknown = [v for v in best_variants if v not in args.variants]
+            if unknown or not best_variants:
+                p.error(f"--best-variants {','.join(unknown)}: give some of --variants ({','.join(args.variants)})")
+        if set(best_seeds) & set(seeds):
+            p.error(
+                f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, seeds))}"
+            )
+    pair = f"{args.source_lang}-{args.target_lang}"
+    study = Study(
+        preset_name=preset_name,
+        variants=args.variants,
+        seeds=seeds,
+        lrs=lrs,
+        out=Path(args.out or REPO / "runs" / f"quality-{pair}-{preset_name}"),
+        data=args.data,
+        overrides={k: getattr(args, k) for k in ("warmup", "epochs", "layers") if getattr(args, k) is not None},
+        lr_given=args.lr is not None,
+        best_seeds=best_seeds,
+        best_variants=best_variants,
+        widen=args.widen,
+        bf16=args.bf16,
+        source_lang=args.source_lang,
+        target_lang=args.target_lang,
+        test_sets=args.test_sets,
+        jobs=args.jobs,
+        json=args.json,
+        machine=args.machine,
+        dropout_gap=args.dropout_gap,
+    )
+    return study, Outputs(args.report_only, args.figures, args.beside)
+
+
+def main(argv=None):
+    study, args = parse_args(argv)
+    command = "python studies/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    recorded = study.recorded()
+    if args.report_only:
+        if not (study.out / "data" / "bin").exists() and not recorded:
+            raise SystemExit(
+                f"quality.py: error: --report-only: {study.out} holds no study (no {study.out / 'data' / 'bin'})"
+            )
+        if study.preset.recipe:  # the published recipe's comparisons read its tokenised references: prepared again
+            recipe.prepare_data(study)
+    else:
+        data_dir = recipe.prepare_data(study)
+        so_far = (lambda: report_so_far(study, args, command, recorded)) if study.json else None
+        supervise.run_all(study, data_dir, recorded, so_far)
+    report(study, args, command, recorded)
+
+
+def report_so_far(study, args, command, recorded):
+    """The report and --json after a run finished, while others train: a study of many sessions
+    keeps (and can commit) every run as it finishes. Its failure stops no training."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the tables are printed once, at the end
+            report(study, args, command, recorded)
+        supervise.say(f"the finished runs so far are in {study.json}")
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        supervise.say(f"the report so far failed ({e}); the runs go on")
+
+
+def report(study, args, command, recorded):
+    """The dropout gap of every finished run (--dropout-gap), the tables, the figures and --json."""
+    if study.dropout_gap:
+        for run_dir in study.run_folders():
+            if RunFolder(run_dir).finished():
+                supervise.record_dropout_gap(study, run_dir)
+    runs = study.collect(recorded)
+    if not runs:
+        raise SystemExit(f"quality.py: error: no finished run in {study.out} yet")
+    best = {variant: config.lr for variant, config in study.best_configs(recorded).items()} if study.sweep else {}
+    compared = compared_runs({"settings": study.settings(), "runs": runs, "best": best})  # in a sweep: each at its best
+    labels = [label for label in study.labels if any(r["label"] == label for r in compared)]
+    found, across_seeds = scoring.comparisons(compared), scoring.seed_comparisons(compared)
+    if study.sweep:
+        print(tables.sweep_table(runs, study.variants, study.lrs, study.describe(), best), flush=True)
+    if compared:
+        best_title = "Each variant at its best peak learning rate (chosen on validation BLEU)"
+        title = best_title if study.sweep else study.describe()
+        print(tables.table(compared, labels, found, title, across_seeds), flush=True)
+    if args.figures:
+        for path in draw(study, args, runs, compared, labels):
+            print(f"[quality] figure: {path}")
+    if study.json:
+        study.save(command, runs, best, found, across_seeds)
+
+
+def draw(study, args, runs, compared, labels):
+    """The sweep's figure (test BLEU against rate, --beside another depth's) and the figures of each
+    variant at its best rate; their paths."""
+    stem = Path(study.json).stem if study.json else f"quality-{study.pair}-{study.preset_name}"
+    folder, paths = Path(args.figures), []
+    if study.sweep:
+        beside = None
+        if args.beside:
+            other = json.loads(Path(args.beside).read_text())
+            beside = (other["runs"], "{0}+{0} layers".format(other["settings"]["layers"]))
+        depth = f"{study.layers}+{study.layers} layers"
+        paths.append(
+            figures.sweep_figure(runs, study.variants, study.lrs, folder, stem, study.describe(), beside, depth)
+        )
+    if compared:
+        paths += figures.figures(compared, labels, folder, stem + ("-best" if study.sweep else ""), study.describe())
+    return paths
+
+
+if __name__ == "__main__":
+    main()

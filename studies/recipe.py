@@ -1,0 +1,107 @@
+"""The Multi30k recipe (examples/multi30k/run.sh) as a study calls it: the data prepared once, and
+each run's command with the fairseq-train flags every variant shares."""
+
+import subprocess
+
+from common.repo import REPO, STOCK, USER_DIR, VARIANTS, VENV
+
+RECIPE = REPO / "examples" / "multi30k" / "run.sh"
+UPDATES_PER_EPOCH = REPO / "examples" / "wmt14" / "updates_per_epoch.py"
+RECIPE_ARCH = "realformer_iwslt_de_en"  # run.sh's default ARCH
+MAX_TOKENS = "4096"  # run.sh's --max-tokens
+
+
+def language_flags(study):
+    return [
+        "--source-lang",
+        study.source_lang,
+        "--target-lang",
+        study.target_lang,
+        *(["--test-sets", study.test_sets] if study.test_sets else []),
+    ]
+
+
+def data_flags(study):
+    """The recipe's options that decide how the data are prepared."""
+    return [*(["--tiny"] if study.quick else []), *study.preset.recipe]
+
+
+def run_flags(study):
+    """The recipe's options of one training run (besides the languages)."""
+    return [*data_flags(study), *(["--bf16"] if study.bf16 else []), *language_flags(study)]
+
+
+def error(log_path, what):
+    """run.sh's own one-line error in *log_path*, else that *what* failed."""
+    errors = [line for line in log_path.read_text().splitlines() if line.startswith("run.sh: error: ")]
+    return errors[-1][len("run.sh: error: ") :] if errors else f"{what} failed; see {log_path}"
+
+
+def prepare_data(study):
+    """Binarise the data once for every run (run.sh --prepare-only; skipped when done)."""
+    data_dir = study.out / "data"
+    cmd = ["bash", str(RECIPE), *data_flags(study), "--prepare-only", *language_flags(study), study.data, str(data_dir)]
+    print(f"[quality] data: {' '.join(cmd)}", flush=True)
+    study.out.mkdir(parents=True, exist_ok=True)
+    with open(study.out / "prepare.log", "a") as log:
+        if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            raise SystemExit(f"quality.py: error: {error(study.out / 'prepare.log', 'preparing the data')}")
+    return data_dir
+
+
+def updates_per_epoch(study, data_dir):
+    """How many updates one epoch makes (the linear decay ends with the last epoch); cached."""
+    cache = data_dir / "updates_per_epoch"
+    if not cache.exists():
+        cmd = [str(VENV / "bin" / "python"), str(UPDATES_PER_EPOCH), str(data_dir / "bin"), "--user-dir", str(USER_DIR)]
+        cmd += ["--arch", RECIPE_ARCH, "--source-lang", study.source_lang, "--target-lang", study.target_lang]
+        cmd += ["--max-tokens", MAX_TOKENS, "--seed", "1"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(
+                f"quality.py: error: counting the updates per epoch failed: {result.stderr.strip().splitlines()[-1:]}"
+            )
+        cache.write_text(result.stdout.strip().splitlines()[-1] + "\n")
+    return int(cache.read_text())
+
+
+def training_flags(study, data_dir, lr):
+    """The fairseq-train flags every variant shares (after the recipe's own, so they win)."""
+    flags = list(study.preset.model)
+    if study.layers:
+        flags += ["--encoder-layers", str(study.layers), "--decoder-layers", str(study.layers)]
+    if lr:
+        flags += ["--lr", f"{lr:g}"]
+    if study.warmup is not None:
+        flags += ["--warmup-updates", str(study.warmup)]
+    if study.preset.linear_decay:
+        total = study.epochs * updates_per_epoch(study, data_dir)
+        flags += ["--lr-scheduler", "polynomial_decay", "--total-num-update", str(total), "--end-learning-rate", "0"]
+    return flags
+
+
+def command(study, data_dir, config, seed, run_dir):
+    """`bash run.sh RECIPE-FLAGS DATA RUN -- FAIRSEQ-TRAIN-FLAGS` of one run; the variant's flags
+    after the shared ones: admin-radam's --warmup-updates 0 must win."""
+    return [
+        "bash",
+        str(RECIPE),
+        *run_flags(study),
+        study.data,
+        str(run_dir),
+        "--",
+        *training_flags(study, data_dir, config.lr),
+        *VARIANTS.get(config.variant, ()),  # a STOCK variant is its --arch (ARCH), no plugin flags
+        "--seed",
+        str(seed),
+    ]
+
+
+def environment(study, variant):
+    """The recipe's environment variables for a run of *variant*."""
+    env = {"EPOCHS": str(study.epochs)}
+    if variant in STOCK:
+        env["ARCH"] = STOCK[variant]
+    if study.jobs > 1:  # one thread each: N runs side by side make more tokens/s than one of N threads
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env

@@ -1,0 +1,283 @@
+"""One run folder of a study (OUT/VARIANT-SUFFIX/seedS): everything written into it and read from
+it is here. The recipe (examples/multi30k/run.sh) leaves:
+
+- train.log: fairseq-train's log (every attempt appended): per epoch the training line
+  (num_updates, wpb, wps) and the validation line (loss);
+- test-sets, and score/TEST_SET/scores.json with the detokenised hypotheses beside it
+  (scripts/score.py); for a run of the published recipe also the tokenised hypotheses, scored by
+  the literature's BLEU (multi-bleu's, on the tokenised lowercased text) against the tokenised
+  reference it names; score/val/ the same for the validation set.
+
+The supervisor (supervise.py) writes, through this module:
+
+- lock: held by the process that trains the run (one trainer per folder);
+- command: the recipe's arguments it started with (a run resumes only with the same ones);
+- machines.jsonl: one line per attempt, written as it starts: its processor (a run that spans
+  sessions may train on different VMs);
+- attempts.jsonl: one line per attempt that ended, with its wall time (an attempt killed with its
+  machine or session writes none: its time is read from train.log);
+- diverged.json: where the run diverged (divergence.py), when the supervisor stopped it there;
+- dropout_gap.json: its checkpoints' validation loss with dropout off and on (dropout_gap.py).
+"""
+
+import datetime
+import fcntl
+import gzip
+import json
+import os
+import re
+from pathlib import Path
+
+from common import fairseq_log
+
+_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")  # fairseq's log lines start with it
+_TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation
+_STOPPED = {  # fairseq-train's own words for why it stopped, in its log
+    "patience": "early stop since valid performance hasn't improved",
+    "max-update": "Stopping training due to num_updates",
+}
+
+
+def read_lines(path):
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+class RunFolder:
+    """A run's folder: its records, its scores and its training summary."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def __truediv__(self, name):
+        return self.path / name
+
+    @property
+    def name(self):
+        """VARIANT-SUFFIX/seedS, as a study's JSON and its translations name the run."""
+        return f"{self.path.parent.name}/{self.path.name}"
+
+    # --- what the supervisor writes ---------------------------------------------------------------
+
+    def lock(self):
+        """The folder's lock, held until the file is closed (or this process ends); None while
+        another process holds it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self / "lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        return handle
+
+    def link_data(self, data_dir):
+        """bin -> the study's binarised data: the same data for every run."""
+        if not (self / "bin").exists():
+            (self / "bin").symlink_to(os.path.relpath(Path(data_dir) / "bin", self.path))
+
+    def keep_command(self, arguments):
+        """Record the recipe's *arguments*; False if the run started with other ones."""
+        record, text = self / "command", " ".join(arguments) + "\n"
+        if record.exists() and record.read_text() != text:
+            return False
+        record.write_text(text)
+        return True
+
+    def record_start(self, started, cpu):
+        """An attempt starts on processor *cpu* (written first: a killed attempt writes nothing after)."""
+        with open(self / "machines.jsonl", "a") as machines:
+            machines.write(json.dumps({"started": started.isoformat(timespec="seconds"), "cpu": cpu}) + "\n")
+
+    def record_attempt(self, started, wall_s, returncode):
+        with open(self / "attempts.jsonl", "a") as attempts:
+            record = {"started": started.isoformat(timespec="seconds"), "wall_s": round(wall_s, 1)}
+            attempts.write(json.dumps({**record, "returncode": returncode}) + "\n")
+
+    def record_divergence(self, where):
+        (self / "diverged.json").write_text(json.dumps(where) + "\n")
+
+    # --- what it holds ------------------------------------------------------------------------------
+
+    def finished_test_sets(self):
+        """The test sets the recipe scored, in its order; None while it has not scored them all."""
+        listed = self / "test-sets"
+        if not listed.exists():
+            return None
+        names = listed.read_text().strip().split(",")
+        return names if all((self / "score" / name / "scores.json").exists() for name in names) else None
+
+    def diverged(self):
+        """Where the run diverged (the record written when it was stopped); None if it did not."""
+        record = self / "diverged.json"
+        return json.loads(record.read_text()) if record.exists() else None
+
+    def finished(self):
+        """Nothing left to do: the run diverged, or it scored its test sets and the validation set (a
+        run finished before the recipe scored validation sets runs again to score it, and only that)."""
+        return self.diverged() is not None or (
+            self.finished_test_sets() is not None and (self / "score" / "val" / "scores.json").exists()
+        )
+
+    def dropout_gap(self):
+        """The dropout-gap record with checkpoint names, not local paths; None if it has none."""
+        record = self / "dropout_gap.json"
+        if not record.exists():
+            return None
+        gap = json.loads(record.read_text())
+        for row in gap["rows"]:
+            row["checkpoint"] = Path(row["checkpoint"]).name
+        return gap
+
+    def jsonl(self, name):
+        return [json.loads(line) for line in read_lines(self / name)] if (self / name).exists() else []
+
+    def summary(self):
+        """Updates, tokens/s, the validation curve, why it stopped and wall time."""
+        train, valid = training_log(self / "train.log")
+        epochs = sorted(train)
+        updates = int(train[epochs[-1]]["num_updates"]) if epochs else 0
+        tokens, seconds, previous = 0.0, 0.0, 0
+        for epoch in epochs:  # target tokens per second of training, from fairseq's per-epoch wps
+            fields = train[epoch]  # (not train_wall: whole seconds, 0 for the tests' sub-second epochs)
+            epoch_tokens = fields["wpb"] * (fields["num_updates"] - previous)
+            tokens += epoch_tokens
+            seconds += epoch_tokens / fields["wps"] if fields["wps"] else 0.0
+            previous = fields["num_updates"]
+        curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
+        attempts = self.jsonl("attempts.jsonl")
+        killed = unrecorded_spans(self / "train.log", attempts)
+        stop = stopped_by(self / "train.log")
+        return {
+            "updates": updates,
+            "epochs": len(epochs),
+            "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+            "best_valid_loss": min(loss for _, loss in curve) if curve else None,
+            "valid_curve": curve,
+            "wall_s": round(sum(a["wall_s"] for a in attempts) + sum(seconds for _, seconds in killed), 1),
+            "wall_s_by_cpu": wall_s_by_cpu(attempts, killed, self.jsonl("machines.jsonl")),
+            "attempts": len(attempts) + len(killed),
+            **({"stopped_by": stop} if stop else {}),
+        }
+
+    def scores(self, name, subset, target_lang):
+        """sacreBLEU (the recipe's, with signature), chrF and lowercased 13a BLEU of one scored set;
+        for a run of the published recipe, the literature's BLEU, sacreBLEU and chrF
+        (case-insensitive), each signature naming its metric. *subset*: fairseq's name for it."""
+        from sacrebleu.metrics import BLEU, CHRF
+
+        folder = self / "score" / name
+        scored = json.loads((folder / "scores.json").read_text())
+        hypotheses_path = folder / f"{subset}.hyp.{target_lang}"
+        hypotheses, references = read_lines(hypotheses_path), read_lines(scored["reference"])
+        if "tokenized_bleu" in scored:  # the published recipe's
+            chrf = CHRF(lowercase=True)
+            return {
+                "bleu_tok": scored["tokenized_bleu"],
+                "bleu_tok_signature": f"BLEU|{scored['tokenized_signature']}|tokenised lowercased text (multi-bleu)",
+                "sacrebleu": scored["sacrebleu"],
+                "signature": f"BLEU|{scored['sacrebleu_signature']}",
+                "chrf": chrf.corpus_score(hypotheses, [references]).score,
+                "chrf_signature": f"chrF2|{chrf.get_signature()}",
+                "hypotheses": str(hypotheses_path),
+                "hypotheses_tok": str(folder / f"{subset}.hyp.tok.{target_lang}"),
+                "reference": scored["reference"],
+                "reference_tok": scored["tokenized_reference"],
+            }
+        chrf, lowercase = CHRF(), BLEU(lowercase=True)
+        return {
+            "sacrebleu": scored["sacrebleu"],
+            "signature": scored["sacrebleu_signature"],
+            "chrf": chrf.corpus_score(hypotheses, [references]).score,
+            "chrf_signature": str(chrf.get_signature()),
+            "bleu_lc": lowercase.corpus_score(hypotheses, [references]).score,
+            "bleu_lc_signature": str(lowercase.get_signature()),
+            "hypotheses": str(hypotheses_path),
+            "reference": scored["reference"],
+        }
+
+    def record(self, target_lang):
+        """The run as a study's JSON holds it (without its variant, rate, label and seed): its
+        summary, dropout gap, and its scores on each test set and the validation set, or where it
+        diverged (and no scores); None while it has neither finished nor diverged."""
+        names, where = self.finished_test_sets(), self.diverged()
+        if names is None and where is None:
+            return None
+        run = {"folder": self.name, **self.summary()}
+        gap = self.dropout_gap()
+        if gap is not None:
+            run["dropout_gap"] = gap
+        if where is not None:
+            return {**run, "diverged": where, "test_sets": {}}
+        # fairseq's names for the test splits: test, test1, ...
+        run["test_sets"] = {name: self.scores(name, f"test{i or ''}", target_lang) for i, name in enumerate(names)}
+        if (self / "score" / "val" / "scores.json").exists():
+            run["val"] = self.scores("val", "valid", target_lang)
+        return run
+
+
+def training_log(path):
+    """Per epoch, fairseq-train's end-of-epoch training and validation fields, from its log.
+
+    An epoch logged twice (an attempt killed after logging it but before saving its checkpoint,
+    then run again) counts once: the last attempt's lines win."""
+    epochs = {"train": {}, "valid": {}}
+    for kind, fields in fairseq_log.records(read_lines(path) if Path(path).exists() else [], "train", "valid"):
+        epochs[kind][fields["epoch"]] = fields
+    return epochs["train"], epochs["valid"]
+
+
+def stopped_by(train_log):
+    """Why fairseq-train stopped (the last reason its log gives: "patience" or "max-update"); None
+    for a run that reached its epoch limit, or has not stopped."""
+    lines = read_lines(train_log) if Path(train_log).exists() else []
+    reasons = [name for line in lines for name, words in _STOPPED.items() if words in line]
+    return reasons[-1] if reasons else None
+
+
+def unrecorded_spans(train_log, attempts):
+    """(first logged line, seconds) of each fairseq-train invocation in *train_log* that no attempt
+    of *attempts* covers: an attempt killed with its session (SIGKILL) leaves its log lines but no
+    attempt record. Each is counted from its first to its last logged line, a lower bound (the
+    recipe's few seconds before fairseq-train starts, and what it did after its last line, are
+    missed)."""
+    invocations = []  # [first, last] timestamp of each fairseq-train in the log
+    for line in read_lines(train_log) if Path(train_log).exists() else []:
+        match = _TIMESTAMP.match(line)
+        if not match or not (invocations or _TRAIN_START in line):
+            continue
+        stamp = datetime.datetime.fromisoformat(match.group(1))
+        if _TRAIN_START in line:
+            invocations.append([stamp, stamp])
+        invocations[-1][1] = stamp
+    spans = _recorded_spans(attempts)
+    return [
+        (first, round((last - first).total_seconds(), 1))
+        for first, last in invocations
+        if not any(start <= first <= start + datetime.timedelta(seconds=wall) for start, wall in spans)
+    ]
+
+
+def _recorded_spans(attempts):
+    """(start, seconds) of each recorded attempt that says when it started."""
+    return [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a]
+
+
+def wall_s_by_cpu(attempts, killed, machines):
+    """Wall seconds per processor model: each attempt (recorded in *attempts*, or killed: *killed*'s
+    (first logged line, seconds)) trained on the processor of the last *machines* record written
+    after the attempt before it started and not after it started; "not recorded" where there is
+    none (attempts from before the runner wrote machines.jsonl)."""
+    spans = sorted(_recorded_spans(attempts) + killed)
+    records = sorted((datetime.datetime.fromisoformat(m["started"]), m["cpu"]) for m in machines)
+    seconds = {}
+    unplaced = sum(a["wall_s"] for a in attempts if "started" not in a)
+    if unplaced:
+        seconds["not recorded"] = unplaced
+    previous = datetime.datetime.min
+    for start, wall in spans:
+        cpus = [cpu for stamp, cpu in records if previous < stamp <= start]
+        cpu = cpus[-1] if cpus else "not recorded"
+        seconds[cpu] = round(seconds.get(cpu, 0.0) + wall, 1)
+        previous = start
+    return seconds

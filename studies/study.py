@@ -1,0 +1,281 @@
+"""A quality study: what it trains (variants × peak learning rates × seeds, on one preset), where
+its runs' folders are, and its JSON with the translations committed beside it. Everything a
+study's JSON holds is written, and read back, here.
+
+The JSON: "what", "command", "machine", "date", "settings" (what the runs were trained with; a
+study goes on from the runs a JSON of the same settings holds), "runs" (each run's record,
+runs.RunFolder.record, with its variant, rate, label, seed and the committed translations'
+paths), "best" (a sweep: each variant's chosen rate), "comparisons" (paired bootstrap, seed by
+seed), "seed_comparisons" (the permutation test across seeds) and "summary" (mean ± std).
+"""
+
+import datetime
+import gzip
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.presets import PRESETS
+from common.repo import REPO, repo_relative
+from studies import scoring
+from studies.runs import RunFolder, read_lines
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    label: str  # the table's and the figures' name: the variant, or "variant lr=X" in a sweep
+    variant: str
+    lr: float  # None: the recipe's
+    suffix: str  # of its folders: OUT/VARIANT+SUFFIX/seedS
+
+
+@dataclass
+class Study:
+    """A study's settings, from the command line (quality.py) to the JSON (settings())."""
+
+    preset_name: str  # a key of common.presets.PRESETS ("quick" for --quick)
+    variants: list
+    seeds: list
+    lrs: list  # the peak learning rates: one, or a sweep; [None]: the recipe's
+    out: Path
+    data: str
+    overrides: dict = field(default_factory=dict)  # the preset's epochs, layers, warmup given on the command line
+    lr_given: bool = False  # --lr given: the rate is in the folders' names
+    best_seeds: list = field(default_factory=list)
+    best_variants: list = None
+    widen: bool = False
+    bf16: bool = False
+    source_lang: str = "en"
+    target_lang: str = "de"
+    test_sets: str = None
+    jobs: int = 1
+    json: str = None
+    machine: str = ""
+    dropout_gap: bool = False
+
+    def __post_init__(self):
+        self.preset = PRESETS[self.preset_name]
+        self.quick = self.preset_name == "quick"
+        self.epochs = self.overrides.get("epochs") or self.preset.epochs
+        self.layers = self.overrides.get("layers") or self.preset.layers
+        self.warmup = self.overrides.get("warmup", self.preset.warmup)
+        self.sweep = len(self.lrs) > 1
+        self.lr = None if self.sweep else self.lrs[0]
+        self.pair = f"{self.source_lang}-{self.target_lang}"
+        # runs with settings given on the command line get their own folders: OUT/post-ln-lr0.002/seed1
+        suffix = "".join(
+            f"-{name}{self.overrides[name]:g}" for name in ("warmup", "epochs", "layers") if name in self.overrides
+        )
+        self.run_suffix = suffix + ("-bf16" if self.bf16 else "")
+        rate = lambda lr: f"-lr{lr:g}" if self.lr_given else ""  # noqa: E731
+        self.configs = [
+            RunConfig(f"{variant} lr={lr:g}" if self.sweep else variant, variant, lr, rate(lr) + self.run_suffix)
+            for variant in self.variants
+            for lr in self.lrs
+        ]
+        # --widen: the rate beyond each edge, trained for a variant whose best is at that edge
+        self.beyond = [
+            RunConfig(f"{variant} lr={lr:g}", variant, lr, f"-lr{lr:g}{self.run_suffix}")
+            for variant in (self.variants if self.widen else ())
+            for lr in (min(self.lrs) / 2, max(self.lrs) * 2)
+        ]
+
+    @property
+    def all_configs(self):
+        return self.configs + self.beyond
+
+    @property
+    def labels(self):
+        return [config.label for config in self.all_configs]
+
+    def run_folder(self, config, seed):
+        return self.out / f"{config.variant}{config.suffix}" / f"seed{seed}"
+
+    def run_folders(self):
+        return [self.run_folder(config, seed) for seed in self.seeds + self.best_seeds for config in self.all_configs]
+
+    def settings(self):
+        """What the JSON records of how its runs were trained (a float32 study's have no "bf16": the
+        studies committed before it existed)."""
+        return {
+            "preset": self.preset_name,
+            "epochs": self.epochs,
+            "layers": self.layers,
+            "lr": self.lr,
+            "warmup": self.warmup,
+            "seeds": self.seeds,
+            "variants": self.variants,
+            "jobs": self.jobs,
+            **({"lrs": self.lrs} if self.sweep else {}),
+            **({"best_seeds": self.best_seeds} if self.best_seeds else {}),
+            **({"best_variants": self.best_variants} if self.best_variants else {}),
+            **({"widen": True} if self.widen else {}),
+            **({"bf16": True} if self.bf16 else {}),
+        }
+
+    def describe(self):
+        size = self.preset.describe
+        if self.layers and self.layers != self.preset.layers:
+            depth = f"{self.layers}+{self.layers} layers"  # the preset's "N+N layers" says what was trained
+            size, found = re.subn(r"^\d+\+\d+ layers", depth, size)
+            size = size if found else f"{size}, {depth}"
+        lr = f", peak lr {self.lr:g}" if self.lr else ""
+        lr += f", warm-up {self.warmup}" if self.warmup is not None else ""
+        lr += "; bf16 mixed precision" if self.bf16 else ""
+        epochs = f", {self.epochs} epochs" if self.epochs else ""
+        return (
+            f"Multi30k {self.source_lang}→{self.target_lang}, {size}{epochs}{lr}; "
+            f"average of the last epoch checkpoints, beam 5; {self.machine}"
+        )
+
+    def recorded(self):
+        """The finished runs the --json file already holds, with their committed translations: a
+        study goes on in a fresh checkout (no run folders) without training them again. Only runs
+        trained with the same settings count, each under this study's label for its variant and
+        rate: a sweep takes the runs of a single-rate study of the same settings as its own at that
+        rate."""
+        path = Path(self.json) if self.json else None
+        if path is None or not path.exists():
+            return {}
+        study = json.loads(path.read_text())
+        defining = ("preset", "epochs", "layers", "warmup", "bf16")  # what the runs were trained with, but the rate
+        if any(study.get("settings", {}).get(key) != self.settings().get(key) for key in defining):
+            return {}
+        labels = {(config.variant, config.lr): config.label for config in self.all_configs}
+        recorded = {}
+        for run in study["runs"]:
+            label = labels.get((run["variant"], run["lr"]))
+            if label is None:  # a rate or variant this study does not train
+                continue
+            for name, score in scored_sets(run).items():  # what comparisons() reads: the committed copies
+                score["hypotheses"] = str(REPO / score["translations"])
+                reference = Path(self.data) / f"{name}.{self.target_lang}.gz"
+                if self.quick:  # --tiny scores the first lines only, as many as it translated
+                    lines = read_lines(reference)[: len(read_lines(score["hypotheses"]))]
+                    reference = self.out / f"{name}.{self.target_lang}"
+                    self.out.mkdir(parents=True, exist_ok=True)
+                    reference.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+                score["reference"] = str(reference)
+                if "translations_tok" in score:  # the published recipe's: against the prepared tokenised reference
+                    score["hypotheses_tok"] = str(REPO / score["translations_tok"])
+                    score["reference_tok"] = str(REPO / score["reference_tok"])
+            recorded[label, run["seed"]] = {**run, "label": label}
+        return recorded
+
+    def collect(self, recorded, seeds=None):
+        """Every finished run: its record from its folder, else from *recorded* (the JSON's)."""
+        runs = []
+        for seed in seeds or self.seeds + self.best_seeds:
+            for config in self.all_configs:
+                run_dir = self.run_folder(config, seed)
+                record = RunFolder(run_dir).record(self.target_lang)
+                if record is None:
+                    if (config.label, seed) in recorded:
+                        runs.append(recorded[config.label, seed])
+                    continue
+                runs.append({"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed, **record})
+        labels = self.labels
+        return sorted(runs, key=lambda r: (labels.index(r["label"]), r["seed"]))
+
+    def best_configs(self, recorded):
+        """Per variant whose --seeds runs have all finished at every rate: the config (rate) with the
+        best mean validation sacreBLEU over those seeds; diverged runs are never best. With --widen,
+        a variant whose best is at an edge of --lr is decided only once the rate beyond it is in."""
+        runs = {(r["label"], r["seed"]): r for r in self.collect(recorded, seeds=self.seeds)}
+        best = {}
+        for variant in self.variants:
+            mine = [c for c in self.configs if c.variant == variant]
+            beyond = self._beyond(self._best_of(mine, runs))
+            chosen = self._best_of(mine + ([beyond] if beyond else []), runs)
+            if chosen is not None:
+                best[variant] = chosen
+        return best
+
+    def widening(self, recorded):
+        """--widen: the configs beyond an edge that a variant's best rate on the sweep's rates is at."""
+        runs = {(r["label"], r["seed"]): r for r in self.collect(recorded, seeds=self.seeds)}
+        mine = ([c for c in self.configs if c.variant == variant] for variant in self.variants)
+        return [beyond for beyond in (self._beyond(self._best_of(m, runs)) for m in mine) if beyond]
+
+    def _beyond(self, chosen):
+        """The --widen config beyond *chosen*'s rate, if that rate is an edge of --lr; else None."""
+        if chosen is None or not self.beyond:
+            return None
+        edges = {min(self.lrs): min(self.lrs) / 2, max(self.lrs): max(self.lrs) * 2}
+        return next((c for c in self.beyond if c.variant == chosen.variant and c.lr == edges.get(chosen.lr)), None)
+
+    def _best_of(self, configs, runs):
+        """The config of *configs* with the best mean validation sacreBLEU over the sweep's seeds,
+        once every one has finished them (None before); diverged runs are never best."""
+        if not all((c.label, seed) in runs for c in configs for seed in self.seeds):
+            return None
+        scored = {c: [runs[c.label, seed] for seed in self.seeds] for c in configs}
+        scored = {c: rs for c, rs in scored.items() if all(not r.get("diverged") and r.get("val") for r in rs)}
+        if not scored:
+            return None
+        return max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
+
+    def save(self, command, runs, best, found, across_seeds):
+        """--json: the study, with its translations committed beside it (hypotheses' local paths dropped)."""
+        path = Path(self.json)
+        write_translations(runs, path.parent / path.stem, self.target_lang)
+        for run in runs:
+            for score in scored_sets(run).values():
+                del score["hypotheses"]  # local paths; `translations` is the committed copy
+                if "hypotheses_tok" in score:
+                    del score["hypotheses_tok"]
+                    score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
+        result = {
+            "what": self.describe(),
+            "command": command,
+            "machine": self.machine,
+            "date": datetime.date.today().isoformat(),
+            "settings": self.settings(),
+            "runs": runs,
+            **({"best": best} if self.sweep else {}),
+            "comparisons": found,
+            "seed_comparisons": across_seeds,
+            "summary": scoring.summary(runs, self.labels),
+        }
+        path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+        print(f"[quality] wrote {path}")
+
+
+def scored_sets(run):
+    """A run's scores by set name: its test sets, and "val" when it scored the validation set."""
+    return {**run["test_sets"], **({"val": run["val"]} if "val" in run else {})}
+
+
+def is_sweep(study):
+    """A study JSON of several learning rates (its settings list them; the first, post-ln-only
+    sweep committed did not, and compares nothing across variants either way)."""
+    return "lrs" in study["settings"]
+
+
+def compared_runs(study):
+    """The runs a study JSON compares across seeds: all of them; in a sweep, each variant at its
+    best rate (none when it chose none)."""
+    if not is_sweep(study):
+        return study["runs"]
+    best = study.get("best", {})
+    return [r for r in study["runs"] if r["variant"] in best and r["lr"] == best[r["variant"]]]
+
+
+def write_translations(runs, folder, target_lang):
+    """Each run's hypotheses, gzipped (reproducibly: no name or time in the header), into folder;
+    the runs' `translations` become those paths, relative to the repository when inside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        for name, score in scored_sets(run).items():
+            run_name = run["folder"].replace("/", ".")  # e.g. post-ln.seed1, post-ln-lr0.002.seed1
+            # the published recipe's are scored in two forms: detokenised, and tokenised (.tok)
+            for key, form in (("hypotheses", ""), ("hypotheses_tok", ".tok")):
+                if key not in score:
+                    continue
+                target = folder / f"{run_name}.{name}{form}.{target_lang}.gz"
+                data = "".join(f"{line}\n" for line in read_lines(score[key])).encode("utf-8")  # also a committed .gz
+                with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+                    f.write(data)
+                score[key.replace("hypotheses", "translations")] = repo_relative(target)

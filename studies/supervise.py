@@ -1,0 +1,163 @@
+"""Training a study's runs: N at a time, seed 1 of every config first, each run in its own session
+under this process's niceness and its folder's lock, watched for divergence and stopped there;
+all of them stopped on SIGINT or SIGTERM (run the same command again to resume)."""
+
+import datetime
+import os
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from common.host import cpu_model
+from common.repo import VENV
+from studies import recipe
+from studies.divergence import run_divergence
+from studies.runs import RunFolder
+
+WATCH_S = 10  # how often a training's log is read for a divergence
+DROPOUT_GAP = Path(__file__).resolve().parent / "dropout_gap.py"
+
+
+def say(text):
+    print(f"[quality {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def keep_niceness(pid: int) -> None:
+    """Give the new session of *pid* this process's niceness. With Linux's autogroup scheduling
+    (``/proc/sys/kernel/sched_autogroup_enabled``) nice ranks processes only inside their session;
+    each session competes with the others as a group at its own autogroup nice (0), so a run
+    started in a new session under ``nice -n 19`` would take an equal share of the cores from
+    everything else instead of yielding. Where there are no autogroups, nothing to do."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{os.nice(0)}\n")
+    except OSError:
+        pass
+
+
+def run_all(study, data_dir, recorded, on_finished=None):
+    """Every (config, seed) of the study, --jobs at a time, seed 1 of every config first; with
+    --best-seeds, a variant's further seeds are queued at its best rate as soon as its sweep is in.
+    *on_finished*() is called each time runs finish (or diverge) while the study goes on."""
+    runner = Runner(study, data_dir)
+    signal.signal(signal.SIGINT, runner.stop)
+    signal.signal(signal.SIGTERM, runner.stop)
+    queued, errors, pending = set(), [], set()
+    with ThreadPoolExecutor(max_workers=study.jobs) as pool:
+
+        def submit(config, seed):
+            if (config.label, seed) not in recorded and (config.label, seed) not in queued:
+                queued.add((config.label, seed))
+                pending.add(pool.submit(runner.run, config, seed))
+
+        for seed in study.seeds:
+            for config in study.configs:
+                submit(config, seed)
+        while True:
+            for config in study.widening(recorded):  # a variant's best at an edge: the rate beyond it
+                for seed in study.seeds:
+                    submit(config, seed)
+            best = study.best_configs(recorded)
+            for seed in study.best_seeds:  # seed 2 of every variant before seed 3: partial results stay balanced
+                for variant, config in best.items():
+                    if variant in (study.best_variants or study.variants):
+                        submit(config, seed)
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            errors += [future.result() for future in done if future.result()]
+            if on_finished is not None and not runner.stopping and any(not f.result() for f in done):
+                on_finished()
+    if runner.stopping:
+        raise SystemExit(130)
+    if errors:
+        raise SystemExit(f"quality.py: error: {errors[0]}")
+
+
+class Runner:
+    """Runs the recipe for (config, seed) pairs, N at a time; stops them all on SIGINT/SIGTERM."""
+
+    def __init__(self, study, data_dir):
+        self.study, self.data_dir = study, data_dir
+        self.running, self.lock, self.stopping, self.locks = set(), threading.Lock(), False, []
+
+    def run(self, config, seed):
+        """Train one run to its end; None when it finished or diverged, else what went wrong."""
+        folder, name = RunFolder(self.study.run_folder(config, seed)), f"{config.label} seed {seed}"
+        if folder.finished():
+            return None
+        lock = folder.lock()  # held until this process ends: one trainer per run folder
+        if lock is None:
+            return f"{folder.path} is being trained by another process (it holds {folder / 'lock'})"
+        self.locks.append(lock)
+        folder.link_data(self.data_dir)
+        cmd = recipe.command(self.study, self.data_dir, config, seed, folder.path)
+        if not folder.keep_command(cmd[2:]):  # a run resumes only with the flags it started with
+            return f"{folder.path} was started with other settings ({folder / 'command'}): choose another --out"
+        env = dict(os.environ, **recipe.environment(self.study, config.variant))
+        start = time.time()
+        started = datetime.datetime.fromtimestamp(start)
+        folder.record_start(started, cpu_model())
+        with open(folder / "recipe.log", "a") as log:
+            with self.lock:
+                if self.stopping:  # a stop came while this run was queued: nothing starts, nothing said
+                    return "stopped"
+                say(f"start {name}: {folder.path}")
+                process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                keep_niceness(process.pid)
+                self.running.add(process)
+            returncode, where = self.wait_watching(process, folder.path)
+            with self.lock:
+                self.running.discard(process)
+        folder.record_attempt(started, time.time() - start, returncode)
+        if where is not None:  # stopped there, recorded, not retried
+            folder.record_divergence(where)
+            say(f"{name} diverged at update {where['update']}: {where['reason']}; stopped")
+            return None
+        if returncode != 0:
+            return "stopped" if self.stopping else recipe.error(folder / "recipe.log", name)
+        say(f"done {name} in {time.time() - start:.0f} s")
+        return None
+
+    def wait_watching(self, process, run_dir):
+        """Wait for the recipe, reading its training log every WATCH_S seconds: a run that diverges
+        is stopped at once (its process group). Returns the exit status and where it diverged."""
+        while True:
+            try:
+                returncode = process.wait(timeout=WATCH_S)
+                break
+            except subprocess.TimeoutExpired:
+                if run_divergence(run_dir) is not None and not self.stopping:
+                    os.killpg(process.pid, signal.SIGTERM)
+        return returncode, None if self.stopping else run_divergence(run_dir)
+
+    def stop(self, signum, _frame):
+        with self.lock:
+            self.stopping = True
+            for process in self.running:
+                os.killpg(process.pid, signal.SIGTERM)  # the recipe and its fairseq-train
+        print(f"[quality] stopping ({signal.Signals(signum).name}); run the same command to resume", flush=True)
+
+
+def record_dropout_gap(study, run_dir):
+    """The validation loss of a finished run's kept checkpoints with dropout off and on, into
+    RUN/dropout_gap.json by dropout_gap.py (once: a record that exists is whole). A run with no
+    checkpoint left (a diverged run stopped before its first epoch ended) has none."""
+    from studies import dropout_gap
+
+    record = Path(run_dir) / "dropout_gap.json"
+    if record.exists():
+        return
+    try:
+        dropout_gap.checkpoints_of(run_dir, None)  # what dropout_gap.py scores, if anything
+    except dropout_gap.InputError:
+        return
+    say(f"dropout gap: {run_dir}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1") if study.jobs > 1 else None
+    cmd = [str(VENV / "bin" / "python"), str(DROPOUT_GAP), str(run_dir), "--json", str(record)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"quality.py: error: --dropout-gap on {run_dir}: {last}")

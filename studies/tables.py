@@ -1,0 +1,172 @@
+"""A study's tables, in Markdown: each variant's scores over seeds with the comparisons, and a
+learning-rate sweep's runs rate by rate."""
+
+from studies.scoring import BOOTSTRAP_SAMPLES, mean_std, primary
+
+# The published recipe's reference: Wu et al. 2021 ("Good for Misconceived Reasons", ACL 2021; code
+# LividWo/Revisit-MMT, README-baseline.md), a text-only fairseq Transformer of 4+4 layers, d=128.
+PUBLISHED_BLEU = {"test_2016_flickr": 41.02}
+
+
+def cell(values, digits=2, scale=1.0):
+    """A table cell: the mean ± sample std of *values* (None ignored), or "—" without any."""
+    mean, std = mean_std([v * scale if v is not None else None for v in values])
+    if mean is None:
+        return "—"
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def score_columns(name, published):
+    """The table's score columns for test set *name*: (heading, the cell's number from a score, or
+    None); the published recipe's put the literature's BLEU first, and its distance to the
+    published number."""
+    if not published:
+        return [
+            ("sacreBLEU", lambda s: s["sacrebleu"]),
+            ("chrF", lambda s: s["chrf"]),
+            ("BLEU (lowercased, 13a)", lambda s: s["bleu_lc"]),
+        ]
+    reference = PUBLISHED_BLEU.get(name)
+    return [
+        ("BLEU (tokenised, lowercased: the literature's)", lambda s: s["bleu_tok"]),
+        *([(f"minus the published {reference:.2f}", lambda s: s["bleu_tok"] - reference)] if reference else []),
+        ("sacreBLEU (case-insensitive)", lambda s: s["sacrebleu"]),
+        ("chrF (case-insensitive)", lambda s: s["chrf"]),
+    ]
+
+
+def table(runs, labels, comparisons_found, title, across_seeds=()):
+    """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons
+    seed by seed and across seeds. A study of the published recipe compares on the literature's
+    BLEU, and says why each run stopped."""
+    lines = [title, ""]
+    runs = [r for r in runs if not r.get("diverged")]  # listed by sweep_table
+    names = list(runs[0]["test_sets"]) if runs else []
+    with_val = any("val" in r for r in runs)  # validation sacreBLEU: runs since the recipe scores it
+    published = any("bleu_tok" in score for r in runs for score in r["test_sets"].values())
+    metric = "the literature's BLEU" if published else "sacreBLEU"
+    for name in names:
+        columns = score_columns(name, published)
+        headings = [heading for heading, _ in columns] + ["best valid loss", "updates"]
+        headings += ["epochs", "stopped by"] if published else []
+        headings += ["wall (min)", "tokens/s"] + (["val BLEU"] if with_val else [])
+        lines += [
+            f"**{name}** (mean ± sample std over seeds)",
+            "",
+            "| variant | seeds | " + " | ".join(headings) + " |",
+            "|---|---|" + "---|" * len(headings),
+        ]
+        for label in labels:
+            mine = [r for r in runs if r["label"] == label]
+            if not mine:
+                continue
+            scores = [r["test_sets"][name] for r in mine]
+            cells = [cell([number(s) for s in scores]) for _, number in columns]
+            cells += [cell([r["best_valid_loss"] for r in mine], 3), cell([r["updates"] for r in mine], 0)]
+            if published:
+                cells += [cell([r["epochs"] for r in mine], 0), ", ".join(r.get("stopped_by", "—") for r in mine)]
+            cells += [cell([r["wall_s"] for r in mine], 1, 1 / 60), cell([r["tokens_per_s"] for r in mine], 0)]
+            if with_val:
+                cells.append(cell([primary(r["val"]) if "val" in r else None for r in mine]))
+            lines.append(f"| {label} | {','.join(str(r['seed']) for r in mine)} | " + " | ".join(cells) + " |")
+        first = scores[0]
+        signatures = (
+            f"the literature's BLEU: {first['bleu_tok_signature']}; sacreBLEU: {first['signature']}; "
+            f"chrF: {first['chrf_signature']}"
+            if published
+            else f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
+            f"lowercased BLEU: {first['bleu_lc_signature']}"
+        )
+        lines += ["", signatures, ""]
+    if comparisons_found:
+        lines += [
+            f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), {metric} of a minus b, seed by seed:",
+            "",
+            "| a | b | test set | seed | Δ BLEU | p-value |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in comparisons_found:
+            lines.append(
+                f"| {c['a']} | {c['b']} | {c['test_set']} | {c['seed']} | {c['delta']:+.2f} | {c['p_value']:.3f} |"
+            )
+    if across_seeds:
+        lines += [
+            "",
+            f"Across seeds: difference of the {metric} means, a minus b, and its exact permutation test "
+            "(every split of the seeds' scores into the two groups):",
+            "",
+            "| a | b | test set | seeds | Δ mean BLEU | p-value | splits |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in across_seeds:
+            seeds = f"{','.join(map(str, c['seeds_a']))} / {','.join(map(str, c['seeds_b']))}"
+            lines.append(
+                f"| {c['a']} | {c['b']} | {c['test_set']} | {seeds} | {c['delta_mean']:+.2f} "
+                f"| {c['p_value']:.3f} | {c['splits']} |"
+            )
+    return "\n".join(lines)
+
+
+def last_gap(run):
+    """The last checkpoint the run's dropout-gap record scored (the averaged one, which translates,
+    when it has one), as "off / on (checkpoint)"; "—" without a record."""
+    rows = (run.get("dropout_gap") or {}).get("rows")
+    if not rows:
+        return "—"
+    row = rows[-1]
+    epoch = row["checkpoint"].removeprefix("checkpoint").removesuffix(".pt")
+    name = "averaged" if epoch == "_avg" else f"epoch {epoch}"
+    return f"{row['dropout_off']:.3f} / {row['dropout_on']:.3f} ({name})"
+
+
+def sweep_table(runs, variants, lrs, what, best=None):
+    """A learning-rate sweep as Markdown: per variant and rate (*lrs*, and any other its runs have),
+    the first seed's validation and test sacreBLEU and best validation loss, or where it diverged;
+    each variant's best rate marked."""
+    test_names = next((list(r["test_sets"]) for r in runs if r["test_sets"]), [])
+    seed = min(r["seed"] for r in runs)
+    gaps = any(r.get("dropout_gap") for r in runs)  # benchmarks/quality.py --dropout-gap
+    lines = [
+        f"{what}",
+        "",
+        f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):",
+        "",
+        "| variant | peak lr | val BLEU | "
+        + " | ".join(f"{name} BLEU" for name in test_names)
+        + " | best valid loss | updates |"
+        + (" last checkpoint: valid loss, dropout off / on |" if gaps else ""),
+        "|---|---|---|" + "---|" * len(test_names) + "---|---|" + ("---|" if gaps else ""),
+    ]
+    by_key = {(r["variant"], r["lr"], r["seed"]): r for r in runs}
+    for variant in variants:
+        for lr in sorted({*lrs, *(r["lr"] for r in runs if r["variant"] == variant)}):  # and --widen's
+            r = by_key.get((variant, lr, seed))
+            star = " ★" if best and best.get(variant) == lr else ""
+            if r is None:
+                cells = ["not finished yet"] + ["—"] * len(test_names) + ["—", "—"]
+            elif r.get("diverged"):
+                where = r["diverged"]
+                cells = (
+                    [f"diverged at update {where['update']}"] + ["—"] * len(test_names) + ["—", str(where["update"])]
+                )
+            else:
+                cells = (
+                    [f"{r['val']['sacrebleu']:.2f}" if "val" in r else "—"]
+                    + [f"{r['test_sets'][name]['sacrebleu']:.2f}" for name in test_names]
+                    + [f"{r['best_valid_loss']:.3f}" if r["best_valid_loss"] is not None else "—", str(r["updates"])]
+                )
+            if gaps:
+                cells.append(last_gap(r) if r else "—")
+            lines.append(f"| {variant}{star} | {lr:g} | " + " | ".join(cells) + " |")
+    diverged = [r for r in runs if r.get("diverged")]
+    if diverged:
+        lines += [
+            "",
+            "Diverged (stopped there, not retried): "
+            + "; ".join(
+                f"{r['variant']} lr={r['lr']:g} seed {r['seed']} at update {r['diverged']['update']} "
+                f"({r['diverged']['reason']})"
+                for r in diverged
+            ),
+        ]
+    return "\n".join(lines)
