@@ -3,7 +3,11 @@ diverged, each variant's best rate is chosen on validation BLEU, and its further
 there. The recipe is replaced by a fake one that writes what run.sh writes, so no model trains."""
 
 import json
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,9 @@ import torch
 from common import fairseq_log
 from studies import divergence, figures, quality, recipe, supervise, tables
 from studies.study import compared_runs
+
+from .cli import popen
+from .helpers import REPO
 
 INNER = (
     "2026-11-24 20:36:00 | INFO | train_inner | epoch {epoch:03d}:     50 / 132 loss={loss}, nll_loss=9.9, "
@@ -439,3 +446,77 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     )
     assert {v: c.lr for v, c in args.best_configs(recorded).items()} == {"pre-ln": 8e-3, "deepnorm": 2e-3}
     assert args.settings()["widen"] is True and args.settings()["lrs"] == [2e-3, 4e-3]
+
+
+# the last commit before the studies left benchmarks/ (issue 71): run folders it made must resume
+PRE_MOVE = "cf180b5"
+RESUMING_RECIPE = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    # run.sh's resumable training, without training: epoch 1 and its checkpoint, then it waits to be
+    # stopped; called again, it resumes from the checkpoint, logs epoch 2 and scores the test set.
+    set -euo pipefail
+    case " $* " in *" --prepare-only "*) mkdir -p "${@: -1}/bin"; exit 0 ;; esac
+    args=("$@")
+    for i in "${!args[@]}"; do [ "${args[$i]}" = "--" ] && run=${args[$((i - 1))]}; done
+    log() { echo "$1" | sed "s/^2026-11-24 20:37:44/$(date '+%Y-%m-%d %H:%M:%S')/" >> "$run/train.log"; }
+    log "2026-11-24 20:37:44 | INFO | fairseq_cli.train | {'_name': None}"
+    if [ ! -e "$run/checkpoints/checkpoint_last.pt" ]; then
+      log "$(printf '%s' "EPOCH" | sed "s/{epoch:03d}/001/; s/{loss}/10.8/; s/{updates}/132/")"
+      mkdir -p "$run/checkpoints"; touch "$run/checkpoints/checkpoint_last.pt"
+      sleep 60
+      exit 1
+    fi
+    log "resumed from $run/checkpoints/checkpoint_last.pt"
+    log "$(printf '%s' "EPOCH" | sed "s/{epoch:03d}/002/; s/{loss}/8.0/; s/{updates}/264/")"
+    echo test_2016_flickr > "$run/test-sets"
+    for set in val test_2016_flickr; do
+      mkdir -p "$run/score/$set"
+      printf 'a dog runs on the grass\\n' > "$run/$set.de"
+      subset=test; [ $set = val ] && subset=valid
+      printf 'a dog runs on grass\\n' > "$run/score/$set/$subset.hyp.de"
+      echo "{\\"sacrebleu\\": 12.5, \\"sacrebleu_signature\\": \\"nrefs:1\\", \\"reference\\": \\"$run/$set.de\\"}" \\
+        > "$run/score/$set/scores.json"
+    done
+""").replace("EPOCH", EPOCH)
+
+
+def test_a_run_folder_made_before_the_move_resumes_under_the_new_command(tmp_path, monkeypatch):
+    """Issue 71 moved the studies from benchmarks/ to studies/ while 18+18 runs were training: a
+    run the old benchmarks/quality.py started (and was stopped in) finishes under studies/quality.py
+    with the same flags. The same recipe arguments (its `command` record), its attempts and
+    machines appended to, its epochs kept, and the study's JSON written."""
+    old = tmp_path / "old-checkout"
+    old.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(Path(REPO)), "archive", PRE_MOVE, "benchmarks", "fairseq_realformer/variants.py"],
+        capture_output=True,
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"no git history with {PRE_MOVE} (a shallow clone?): {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    fake = old / "examples" / "multi30k" / "run.sh"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(RESUMING_RECIPE)
+    data, out = tmp_path / "data", tmp_path / "q"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    flags = ["--data", str(data), "--quick", "--variants", "realformer", "--out", str(out), "--machine", "m"]
+
+    before = popen(old / "benchmarks" / "quality.py", *flags, cwd=tmp_path, env={"REALFORMER_VENV": sys.prefix})
+    train_log = out / "realformer" / "seed1" / "train.log"
+    for _ in range(300):  # the old runner's recipe has logged epoch 1 and saved its checkpoint
+        if (train_log.exists() and "epoch 001" in train_log.read_text()) or before.poll() is not None:
+            break
+        time.sleep(0.1)
+    before.send_signal(signal.SIGTERM)
+    assert before.wait(timeout=60) == 130, before.stdout.read()
+
+    monkeypatch.setattr(recipe, "RECIPE", tmp_path / "run.sh")
+    recipe.RECIPE.write_text(RESUMING_RECIPE)
+    quality.main([*flags, "--json", str(tmp_path / "study.json")])
+    run_dir = out / "realformer" / "seed1"
+    assert "resumed from" in train_log.read_text() and (run_dir / "score" / "val" / "scores.json").exists()
+    assert len((run_dir / "attempts.jsonl").read_text().splitlines()) == 2
+    assert len((run_dir / "machines.jsonl").read_text().splitlines()) == 2
+    (run,) = json.loads((tmp_path / "study.json").read_text())["runs"]
+    assert (run["updates"], run["epochs"], run["attempts"]) == (264, 2, 2)
