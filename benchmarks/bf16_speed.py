@@ -32,7 +32,6 @@ range) of the per-repeat ratios bf16 / float32.
 """
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: co
 from common.host import host  # noqa: E402
 from common.presets import PRESETS  # noqa: E402
 from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
+from common.repo import header as result_header  # noqa: E402
 
 SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
 MODELS = {
@@ -397,9 +397,7 @@ def write_json(args, argv, what, **fields):
 
     header = {
         "what": what,
-        "command": "python benchmarks/bf16_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "machine": args.machine,
-        "date": datetime.date.today().isoformat(),
+        **result_header(__file__, sys.argv[1:] if argv is None else argv, args.machine),
         "torch": torch.__version__,
         "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()),
         "threads": args.threads,

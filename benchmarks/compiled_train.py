@@ -137,9 +137,7 @@ def write_json(args, argv, runs, ratio):
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
         argv = sys.argv[1:] if argv is None else argv
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "work")}
-        write_result(
-            args.json, "compiled_train.py", argv, device, host(), settings=settings, runs=runs, wps_ratio=ratio
-        )
+        write_result(args.json, __file__, argv, device, host(), settings=settings, runs=runs, wps_ratio=ratio)
 
 
 def main(argv=None):

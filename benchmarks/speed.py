@@ -289,7 +289,7 @@ def write_json(args, runs, saved, skipped, budget):
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "memory_probe", "saved_probe")}
         write_result(
             args.json,
-            "speed.py",
+            __file__,
             sys.argv[1:],
             device_name(args),
             machine(args),

@@ -32,23 +32,37 @@ def import_fairseq_quietly():
     quiet_logging()
 
 
-def write_result(path, script, argv, device, machine, **content):
-    """A benchmark's JSON at *path*: the command that wrote it (``python benchmarks/SCRIPT ARGV``),
-    the date, the device and the machine, torch's version, then *content* (settings, runs, ...)."""
+def commit():
+    """The checkout's commit (None outside a git checkout)."""
+    import subprocess
+
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return git.stdout.strip() or None
+
+
+def header(script, argv, machine):
+    """What every result JSON opens with: the command that wrote it (``python SCRIPT ARGV``, the
+    script named from the checkout's root), the machine, the date and the commit."""
     import datetime
-    import json
     import shlex
+
+    return {
+        "command": shlex.join(["python", repo_relative(script), *argv]),
+        "machine": machine,
+        "date": datetime.date.today().isoformat(),
+        "commit": commit(),
+    }
+
+
+def write_result(path, script, argv, device, machine, **content):
+    """A benchmark's JSON at *path*: header() for *script* (its file), the device and torch's
+    version, then *content* (settings, runs, ...)."""
+    import json
 
     import torch
 
-    header = {
-        "command": shlex.join(["python", f"benchmarks/{script}", *argv]),
-        "date": datetime.date.today().isoformat(),
-        "device": device,
-        "machine": machine,
-        "torch": torch.__version__,
-    }
-    Path(path).write_text(json.dumps({**header, **content}, indent=1))
+    result = {**header(script, argv, machine), "device": device, "torch": torch.__version__, **content}
+    Path(path).write_text(json.dumps(result, indent=1))
 
 
 def repo_relative(path) -> str:

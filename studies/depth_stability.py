@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common import fairseq_log, multi30k_args  # noqa: E402
 from common.host import host  # noqa: E402
-from common.repo import REPO, USER_DIR, VARIANTS, import_fairseq_quietly  # noqa: E402
+from common.repo import REPO, USER_DIR, VARIANTS, commit, import_fairseq_quietly  # noqa: E402
 from studies.divergence import divergence  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -177,12 +177,6 @@ def first_layer_grad_norms(flags):
         return math.sqrt(sum(float(p.grad.norm()) ** 2 for p in module.parameters() if p.grad is not None))
 
     return norm(model.encoder.layers[0]), norm(model.decoder.layers[0])
-
-
-def commit():
-    """The checkout's commit, recorded with each run (None outside a git checkout)."""
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return git.stdout.strip() or None
 
 
 def run_variant(args, bin_dir: Path, out: Path, variant: str):

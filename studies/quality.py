@@ -1,86 +1,46 @@
-"""Translation quality on real data: Multi30k, every variant with several seeds, one table of test
-scores (mean ± sample std over seeds), paired bootstrap significance seed by seed, a permutation
-test across seeds, learning curves.
-
-Post-LN, Pre-LN, ADMIN (profiled ω) and RealFormer on ADMIN (sum, and mean: "realformer") are
-trained with the same data, settings and budget by the Multi30k recipe (examples/multi30k/run.sh:
-joint sentencepiece, fairseq-train, average of the last 5 epoch checkpoints, beam 5, sacreBLEU on
-each test set); the variants are those of fairseq_realformer/variants.py. Any two of en, de, fr,
-cs (default en→de); by default every test set of --data in both languages.
+"""Translation quality on Multi30k: the plugin's variants (fairseq_realformer/variants.py, and
+"fairseq", fairseq's own `transformer`) trained alike by the Multi30k recipe (examples/multi30k/
+run.sh) with several seeds, scored on every test set, compared seed by seed (paired bootstrap)
+and across seeds (exact permutation test), tabled and drawn. What the studies found: STUDY.md.
 
     nice -n 19 python studies/quality.py --preset cpu --seeds 1,2,3 --jobs 2 \\
-        --json studies/results/cpu-quality-multi30k-en-de.json --figures studies/results
-    python studies/quality.py --seeds 1,2,3                   # --preset gpu: the recipe's size, one GPU
-    python studies/quality.py --quick --seeds 1,2             # minutes on a CPU: proves it runs
-    python studies/quality.py --preset cpu --report-only --json ...   # report the finished runs only
-    python studies/quality.py --preset cpu --bf16 --variants post-ln,realformer --seeds 1,2 \\
-        --json studies/results/cpu-quality-multi30k-en-de-bf16.json    # in bf16 mixed precision
+        --json studies/results/cpu-quality-multi30k-en-de.json --figures docs/figures
 
-Presets (the same settings for every variant; --lr, --warmup, --epochs, --layers override them):
-  gpu    the recipe's model: 6+6 layers, 512/1024, 4 heads, dropout 0.3, Adam 5e-4 with
-         inverse-sqrt warm-up 1000, 12 epochs
-  cpu    4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, label smoothing 0.1, Adam (0.9, 0.98)
-         peak lr 2e-3 after 400 warm-up updates, then linear decay to 0 at the end of epoch 20
-         (the RealFormer paper's schedule for NMT); 4,096 tokens a batch, ~132 updates an epoch.
-         On an idle 2-core CPU an epoch takes ~100 s, so a run ~35-40 min (studies/STUDY.md:
-         how the learning rate was chosen, and the times measured)
-  published  the literature's text-only recipe, as Wu et al. 2021 published it for 41.02 BLEU on
-         test_2016_flickr (the recipe's --published): lowercased, Moses-tokenised text with joint
-         BPE (10,000 merges), 4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3; Adam 5e-3 after
-         2,000 warm-up updates from 1e-7, 8,192 tokens an update, clip-norm 25; at most 8,000
-         updates, stopped after 10 epochs without a better validation loss; average of the last
-         10 epoch checkpoints. Scored as the literature scores it: BLEU on the tokenised,
-         lowercased text (multi-bleu's number), and sacreBLEU and chrF case-insensitive on the
-         Moses-detokenised output. The variant "fairseq" is fairseq's own `transformer`.
+More:
+    python studies/quality.py --quick --seeds 1,2      # minutes on a CPU: proves the pipeline runs
+    python studies/quality.py --preset cpu --lr 2e-3,4e-3,8e-3 --seeds 1 --best-seeds 2,3 ...
+        # a sweep: every variant at every rate, then seeds 2 and 3 of each at its best rate on
+        # validation BLEU (never a test set); --widen: a best at an edge of --lr also trains the
+        # rate beyond it (half the lowest, twice the highest) and chooses among the three
+    python studies/quality.py --preset published --variants fairseq,post-ln-realformer ...
+        # the literature's recipe (Wu et al. 2021, 41.02 BLEU), scored as it scores
+    python studies/quality.py --preset cpu --report-only --json FILE    # train nothing: report
 
-    nice -n 19 python studies/quality.py --preset published --seeds 1 --jobs 2 \\
-        --variants fairseq,post-ln-realformer,admin,realformer \\
-        --json studies/results/cpu-quality-multi30k-en-de-published.json
-  --quick  the recipe's --tiny mode (first 300 lines, width 32) with 2+2 layers, 2 epochs: its
-         BLEU says the pipeline works, not which model is better
+Presets (every variant alike; --lr, --warmup, --epochs, --layers override them):
+  cpu        4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, label smoothing 0.1; Adam peak lr
+             2e-3 after 400 warm-up updates, linear decay to 0 at the end of epoch 20 (the
+             RealFormer paper's NMT schedule); ~132 updates an epoch, ~100 s on 2 idle cores
+  gpu        the recipe's model: 6+6 layers, 512/1024, Adam 5e-4, inverse-sqrt warm-up, 12 epochs
+  published  lowercased Moses-tokenised text, joint BPE 10k, 4+4 layers, d=128, Adam 5e-3, 8,192
+             tokens an update, at most 8,000 updates, patience 10; BLEU on the tokenised text
+             (multi-bleu's), sacreBLEU and chrF case-insensitive on the detokenised output
+  --quick    the recipe's --tiny mode (300 lines, width 32), 2+2 layers, 2 epochs
 
-The study can be stopped at any time (Ctrl-C, or kill its process group) and run again with the
-same command: finished runs are skipped and an interrupted run resumes from its last epoch
-checkpoint. The runs a --json file of the same settings holds count as finished too, so a
-committed study goes on in a fresh checkout. Seed 1 of every variant runs first, then seed 2,
-..., so partial results stay balanced. --jobs N trains N runs side by side with one thread each:
-on this project's 2-core machine two one-thread runs made ~5,250 target tokens/s together, one
-two-thread run ~4,500.
-
-Learning rates: --lr 2e-3,4e-3,8e-3 is a sweep, every variant at every rate. Each run also scores
-the validation set; --best-seeds 2,3 then trains those seeds for each variant at the rate where its
---seeds runs scored the best validation BLEU (never a test set), as soon as that variant's sweep is
-in. With --widen, a variant whose best rate is the lowest or the highest of --lr also trains its
---seeds at half that rate or twice it, and its best is chosen among the three. The report is the
-sweep's table and figure (test BLEU against the rate), then each variant at its best against the
-others, with the comparisons above.
-
-    nice -n 19 python studies/quality.py --preset cpu --bf16 --lr 2e-3,4e-3,8e-3 --seeds 1 \\
-        --best-seeds 2,3 --variants post-ln,pre-ln,admin,realformer,post-ln-realformer --jobs 2 \\
-        --json studies/results/cpu-quality-lr-sweep-multi30k-en-de-bf16.json --figures docs/figures/lr-sweep
-
-Divergence: a run whose loss becomes NaN or infinite, or whose training loss climbs back above its
-first epoch's mean (in any 50-update interval fairseq logs, or any epoch), is stopped at once. It is
-recorded, in OUT/.../diverged.json and the JSON, with the update where it happened; it is shown in
-the table and the figure, and never retried or chosen as a best.
-
-Dropout gap: with --dropout-gap, every finished run's kept epoch checkpoints and its averaged one
-are scored on the validation set with dropout off (fairseq's validation loss) and on (as it
-trains), by studies/dropout_gap.py, into OUT/.../dropout_gap.json and the JSON; the sweep's
-table shows the last checkpoint's pair (the averaged one). A deep Post-LN run can learn with
-dropout on and break with it off; the logged validation loss alone cannot tell that from a run
-that learned nothing.
-
-Layout: OUT/data (binarised once, shared), OUT/VARIANT/seedS (one recipe run each; with --lr,
---warmup, --epochs or --layers given, OUT/VARIANT-lr0.002-.../seedS; with --bf16, which trains and
-translates in bfloat16 mixed precision, OUT/VARIANT-...-bf16/seedS).
+Stop it any time (Ctrl-C); the same command goes on: finished runs are skipped, a stopped one
+resumes from its last epoch checkpoint, and the runs a --json file of the same settings holds
+count as finished (a committed study goes on in a fresh checkout). Seed 1 of every variant runs
+first. --jobs N: N runs side by side, one thread each (on 2 cores, two make more tokens/s than
+one of two threads). A run that diverges (studies/divergence.py) is stopped at once, recorded
+with its update and never chosen as a best. --dropout-gap: every finished run's checkpoints are
+scored with dropout off and on (studies/dropout_gap.py): a deep Post-LN can learn with dropout
+on and break with it off. Folders: OUT/data (binarised once), OUT/VARIANT/seedS, with the flags
+given in its name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
 """
 
 import argparse
 import contextlib
 import io
 import json
-import shlex
 import sys
 from collections import namedtuple
 from pathlib import Path
@@ -253,7 +213,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     study, args = parse_args(argv)
-    command = "python studies/quality.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv  # the flags, for the JSON's command
     recorded = study.recorded()
     if args.report_only:
         if not (study.out / "data" / "bin").exists() and not recorded:
@@ -264,23 +224,23 @@ def main(argv=None):
             recipe.prepare_data(study)
     else:
         data_dir = recipe.prepare_data(study)
-        so_far = (lambda: report_so_far(study, args, command, recorded)) if study.json else None
+        so_far = (lambda: report_so_far(study, args, given, recorded)) if study.json else None
         supervise.run_all(study, data_dir, recorded, so_far)
-    report(study, args, command, recorded)
+    report(study, args, given, recorded)
 
 
-def report_so_far(study, args, command, recorded):
+def report_so_far(study, args, given, recorded):
     """The report and --json after a run finished, while others train: a study of many sessions
     keeps (and can commit) every run as it finishes. Its failure stops no training."""
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # the tables are printed once, at the end
-            report(study, args, command, recorded)
+            report(study, args, given, recorded)
         supervise.say(f"the finished runs so far are in {study.json}")
     except (Exception, SystemExit) as e:  # noqa: BLE001
         supervise.say(f"the report so far failed ({e}); the runs go on")
 
 
-def report(study, args, command, recorded):
+def report(study, args, given, recorded):
     """The dropout gap of every finished run (--dropout-gap), the tables, the figures and --json."""
     if study.dropout_gap:
         for run_dir in study.run_folders():
@@ -303,7 +263,7 @@ def report(study, args, command, recorded):
         for path in draw(study, args, runs, compared, labels):
             print(f"[quality] figure: {path}")
     if study.json:
-        study.save(command, runs, best, found, across_seeds)
+        study.save(given, runs, best, found, across_seeds)
 
 
 def draw(study, args, runs, compared, labels):

@@ -9,7 +9,6 @@ paths), "best" (a sweep: each variant's chosen rate), "comparisons" (paired boot
 seed), "seed_comparisons" (the permutation test across seeds) and "summary" (mean ± std).
 """
 
-import datetime
 import gzip
 import json
 import re
@@ -18,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.presets import PRESETS
-from common.repo import REPO, repo_relative
+from common.repo import REPO, header, repo_relative
 from studies import scoring
 from studies.runs import RunFolder, read_lines
+
+QUALITY = Path(__file__).with_name("quality.py")  # the command that writes a study's JSON
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ class Study:
             return None
         return max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
 
-    def save(self, command, runs, best, found, across_seeds):
+    def save(self, argv, runs, best, found, across_seeds):
         """--json: the study, with its translations committed beside it (hypotheses' local paths dropped)."""
         path = Path(self.json)
         write_translations(runs, path.parent / path.stem, self.target_lang)
@@ -229,9 +230,7 @@ class Study:
                     score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
         result = {
             "what": self.describe(),
-            "command": command,
-            "machine": self.machine,
-            "date": datetime.date.today().isoformat(),
+            **header(QUALITY, argv, self.machine),
             "settings": self.settings(),
             "runs": runs,
             **({"best": best} if self.sweep else {}),
