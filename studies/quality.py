@@ -187,26 +187,19 @@ def parse_args(argv=None):
                 f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, seeds))}"
             )
     pair = f"{args.source_lang}-{args.target_lang}"
+    as_given = ("variants", "data", "widen", "bf16", "source_lang", "target_lang", "test_sets", "jobs", "json")
     study = Study(
         preset_name=preset_name,
-        variants=args.variants,
         seeds=seeds,
         lrs=lrs,
         out=Path(args.out or REPO / "runs" / f"quality-{pair}-{preset_name}"),
-        data=args.data,
         overrides={k: getattr(args, k) for k in ("warmup", "epochs", "layers") if getattr(args, k) is not None},
         lr_given=args.lr is not None,
         best_seeds=best_seeds,
         best_variants=best_variants,
-        widen=args.widen,
-        bf16=args.bf16,
-        source_lang=args.source_lang,
-        target_lang=args.target_lang,
-        test_sets=args.test_sets,
-        jobs=args.jobs,
-        json=args.json,
         machine=args.machine,
         dropout_gap=args.dropout_gap,
+        **{name: getattr(args, name) for name in as_given},
     )
     return study, Outputs(args.report_only, args.figures, args.beside)
 

@@ -12,13 +12,8 @@ MAX_TOKENS = "4096"  # run.sh's --max-tokens
 
 
 def language_flags(study):
-    return [
-        "--source-lang",
-        study.source_lang,
-        "--target-lang",
-        study.target_lang,
-        *(["--test-sets", study.test_sets] if study.test_sets else []),
-    ]
+    languages = ["--source-lang", study.source_lang, "--target-lang", study.target_lang]
+    return languages + (["--test-sets", study.test_sets] if study.test_sets else [])
 
 
 def data_flags(study):
@@ -83,18 +78,9 @@ def training_flags(study, data_dir, lr):
 def command(study, data_dir, config, seed, run_dir):
     """`bash run.sh RECIPE-FLAGS DATA RUN -- FAIRSEQ-TRAIN-FLAGS` of one run; the variant's flags
     after the shared ones: admin-radam's --warmup-updates 0 must win."""
-    return [
-        "bash",
-        str(RECIPE),
-        *run_flags(study),
-        study.data,
-        str(run_dir),
-        "--",
-        *training_flags(study, data_dir, config.lr),
-        *VARIANTS.get(config.variant, ()),  # a STOCK variant is its --arch (ARCH), no plugin flags
-        "--seed",
-        str(seed),
-    ]
+    flags = training_flags(study, data_dir, config.lr)
+    flags += [*VARIANTS.get(config.variant, ()), "--seed", str(seed)]  # a STOCK variant: its ARCH, no flags
+    return ["bash", str(RECIPE), *run_flags(study), study.data, str(run_dir), "--", *flags]
 
 
 def environment(study, variant):

@@ -60,29 +60,11 @@ def comparisons(runs, pairs=PAIRS):
                 continue
             for name, score_a in by_key[a, seed]["test_sets"].items():
                 score_b = by_key[b, seed]["test_sets"][name]
-                if "bleu_tok" in score_a:  # the published recipe: on its own metric, the tokenised text
-                    delta, p_value = paired_bootstrap(
-                        read_lines(score_a["hypotheses_tok"]),
-                        read_lines(score_b["hypotheses_tok"]),
-                        read_lines(score_a["reference_tok"]),
-                        BLEU(tokenize="none", force=True),
-                    )
-                else:
-                    delta, p_value = paired_bootstrap(
-                        read_lines(score_a["hypotheses"]),
-                        read_lines(score_b["hypotheses"]),
-                        read_lines(score_a["reference"]),
-                    )
-                found.append(
-                    {
-                        "a": a,
-                        "b": b,
-                        "test_set": name,
-                        "seed": seed,
-                        "delta": round(delta, 2),
-                        "p_value": round(p_value, 4),
-                    }
-                )
+                form = "_tok" if "bleu_tok" in score_a else ""  # the published recipe's: the tokenised text
+                texts = (score_a[f"hypotheses{form}"], score_b[f"hypotheses{form}"], score_a[f"reference{form}"])
+                metric = BLEU(tokenize="none", force=True) if form else None  # on its own metric
+                delta, p_value = paired_bootstrap(*(read_lines(text) for text in texts), metric)
+                found.append(dict(a=a, b=b, test_set=name, seed=seed, delta=round(delta, 2), p_value=round(p_value, 4)))
     return found
 
 
@@ -116,18 +98,9 @@ def seed_comparisons(runs, pairs=PAIRS):
                 [primary(r["test_sets"][name]) for r in mine[a]],
                 [primary(r["test_sets"][name]) for r in mine[b]],
             )
-            found.append(
-                {
-                    "a": a,
-                    "b": b,
-                    "test_set": name,
-                    "seeds_a": [r["seed"] for r in mine[a]],
-                    "seeds_b": [r["seed"] for r in mine[b]],
-                    "delta_mean": round(delta, 2),
-                    "p_value": round(p_value, 4),
-                    "splits": splits,
-                }
-            )
+            seeds = dict(seeds_a=[r["seed"] for r in mine[a]], seeds_b=[r["seed"] for r in mine[b]])
+            result = dict(delta_mean=round(delta, 2), p_value=round(p_value, 4), splits=splits)
+            found.append(dict(a=a, b=b, test_set=name, **seeds, **result))
     return found
 
 
