@@ -23,7 +23,6 @@ references are the JSON's paths, or the file of that name in --data.
 """
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -33,7 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.repo import MULTI30K, REPO, repo_relative  # noqa: E402
 from studies import scoring, tables  # noqa: E402
-from studies.study import compared_runs, is_sweep, scored_sets  # noqa: E402
+from studies.study import compared_runs, is_sweep, scored_sets
+from studies.study import load as load_study  # noqa: E402
 
 RESULTS = REPO / "studies" / "results"
 STUDIES = [
@@ -66,10 +66,9 @@ def load(path, data):
     the references, as scoring.comparisons reads them; None when the file is not there."""
     if not Path(path).exists():
         return None
-    study = json.loads(Path(path).read_text())
+    study = load_study(path)
     for run in study["runs"]:
         for score in scored_sets(run).values():
-            score["hypotheses"] = str(REPO / score["translations"])
             reference = Path(score["reference"])
             score["reference"] = str(reference if reference.exists() else Path(data) / reference.name)
     study["layers"] = study["settings"]["layers"]

@@ -40,7 +40,6 @@ given in its name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
 import argparse
 import contextlib
 import io
-import json
 import sys
 from collections import namedtuple
 from pathlib import Path
@@ -52,7 +51,7 @@ from common.presets import PRESETS  # noqa: E402
 from common.repo import REPO, STOCK  # noqa: E402
 from studies import figures, recipe, scoring, supervise, tables  # noqa: E402
 from studies.runs import RunFolder  # noqa: E402
-from studies.study import Study, compared_runs  # noqa: E402
+from studies.study import Study, compared_runs, load  # noqa: E402
 
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 # what the command asks of a study besides its settings: train nothing, and where to draw
@@ -267,7 +266,7 @@ def draw(study, args, runs, compared, labels):
     if study.sweep:
         beside = None
         if args.beside:
-            other = json.loads(Path(args.beside).read_text())
+            other = load(args.beside)
             beside = (other["runs"], "{0}+{0} layers".format(other["settings"]["layers"]))
         depth = f"{study.layers}+{study.layers} layers"
         paths.append(

@@ -140,7 +140,7 @@ class Study:
         path = Path(self.json) if self.json else None
         if path is None or not path.exists():
             return {}
-        study = json.loads(path.read_text())
+        study = load(path)
         defining = ("preset", "epochs", "layers", "warmup", "bf16")  # what the runs were trained with, but the rate
         if any(study.get("settings", {}).get(key) != self.settings().get(key) for key in defining):
             return {}
@@ -151,7 +151,6 @@ class Study:
             if label is None:  # a rate or variant this study does not train
                 continue
             for name, score in scored_sets(run).items():  # what comparisons() reads: the committed copies
-                score["hypotheses"] = str(REPO / score["translations"])
                 reference = Path(self.data) / f"{name}.{self.target_lang}.gz"
                 if self.quick:  # --tiny scores the first lines only, as many as it translated
                     lines = read_lines(reference)[: len(read_lines(score["hypotheses"]))]
@@ -160,7 +159,6 @@ class Study:
                     reference.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
                 score["reference"] = str(reference)
                 if "translations_tok" in score:  # the published recipe's: against the prepared tokenised reference
-                    score["hypotheses_tok"] = str(REPO / score["translations_tok"])
                     score["reference_tok"] = str(REPO / score["reference_tok"])
             recorded[label, run["seed"]] = {**run, "label": label}
         return recorded
@@ -240,6 +238,19 @@ class Study:
         }
         path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
         print(f"[quality] wrote {path}")
+
+
+def load(path):
+    """A study's JSON, each score's `hypotheses` (and the published recipe's `hypotheses_tok`) the
+    committed translations, as scoring.comparisons reads them."""
+    study = json.loads(Path(path).read_text())
+    for run in study["runs"]:
+        for score in scored_sets(run).values():
+            for key in ("hypotheses", "hypotheses_tok"):
+                translations = score.get(key.replace("hypotheses", "translations"))
+                if translations is not None:
+                    score[key] = str(REPO / translations)
+    return study
 
 
 def scored_sets(run):
