@@ -65,6 +65,7 @@ class Study:
         self.sweep = len(self.lrs) > 1
         self.lr = None if self.sweep else self.lrs[0]
         self.pair = f"{self.source_lang}-{self.target_lang}"
+        self.recorded_machine = None  # recorded(): the machine of the JSON this study goes on from
         # runs with settings given on the command line get their own folders: OUT/post-ln-lr0.002/seed1
         suffix = "".join(
             f"-{name}{self.overrides[name]:g}" for name in ("warmup", "epochs", "layers") if name in self.overrides
@@ -145,6 +146,7 @@ class Study:
         if any(study.get("settings", {}).get(key) != self.settings().get(key) for key in defining):
             return {}
         labels = {(config.variant, config.lr): config.label for config in self.all_configs}
+        self.recorded_machine = study.get("machine")
         recorded = {}
         for run in study["runs"]:
             label = labels.get((run["variant"], run["lr"]))
@@ -216,6 +218,14 @@ class Study:
             return None
         return max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
 
+    def machines(self):
+        """The machine the JSON names: --machine, after the one of the JSON this study went on from
+        when that names another (its runs trained there)."""
+        before = self.recorded_machine
+        if not before or self.machine in before:
+            return self.machine
+        return f"{before}; later runs: {self.machine}"
+
     def save(self, argv, runs, best, found, across_seeds):
         """--json: the study, with its translations committed beside it (hypotheses' local paths dropped)."""
         path = Path(self.json)
@@ -228,7 +238,7 @@ class Study:
                     score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
         result = {
             "what": self.describe(),
-            **header(QUALITY, argv, self.machine),
+            **header(QUALITY, argv, self.machines()),
             "settings": self.settings(),
             "runs": runs,
             **({"best": best} if self.sweep else {}),

@@ -410,13 +410,17 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
         for v in ("admin", "realformer")
     ]
     study = tmp_path / "study.json"
-    study.write_text(json.dumps({"settings": _parse([*single, "--lr", "2e-3"]).settings(), "runs": runs}))
+    settings = _parse([*single, "--lr", "2e-3"]).settings()
+    study.write_text(json.dumps({"settings": settings, "runs": runs, "machine": "VM A"}))
     sweep = _parse([*single, "--lr", "1e-3,2e-3", "--best-seeds", "2,3", "--json", str(study)])
     recorded = sweep.recorded()
     assert sorted(recorded) == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
     assert recorded["admin lr=0.002", 1]["label"] == "admin lr=0.002"
+    assert sweep.machines() == f"VM A; later runs: {sweep.machine}"  # where its runs trained, and these
+    sweep.machine = "VM A"
+    assert sweep.machines() == "VM A"
     other_depth = _parse([*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)])
-    assert other_depth.recorded() == {}
+    assert other_depth.recorded() == {} and other_depth.machines() == other_depth.machine
 
 
 def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_path, monkeypatch):
