@@ -42,10 +42,13 @@ def commit():
 
 def header(script, argv, machine):
     """What every result JSON opens with: the command that wrote it (``python SCRIPT ARGV``, the
-    script named from the checkout's root), the machine, the date and the commit."""
+    script and any path inside the checkout named from its root), the machine, the date and the
+    commit."""
     import datetime
     import shlex
 
+    # a path inside the checkout as the checkout names it: the command runs in any clone
+    argv = [repo_relative(a) if os.path.isabs(a) and Path(a).is_relative_to(REPO) else a for a in map(str, argv)]
     return {
         "command": shlex.join(["python", repo_relative(script), *argv]),
         "machine": machine,

@@ -205,7 +205,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     study, args = parse_args(argv)
-    given = sys.argv[1:] if argv is None else argv  # the flags, for the JSON's command
+    # the flags, for the JSON's command: the one that trains the study (--report-only only reports it)
+    given = [flag for flag in (sys.argv[1:] if argv is None else argv) if flag != "--report-only"]
     recorded = study.recorded()
     if args.report_only:
         if not (study.out / "data" / "bin").exists() and not recorded:

@@ -129,7 +129,7 @@ class Study:
         epochs = f", {self.epochs} epochs" if self.epochs else ""
         return (
             f"Multi30k {self.source_lang}→{self.target_lang}, {size}{epochs}{lr}; "
-            f"average of the last epoch checkpoints, beam 5; {self.machine}"
+            f"average of the last epoch checkpoints, beam 5; {self.machines()}"
         )
 
     def recorded(self):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import fairseq_log
+from common import fairseq_log, repo
 from studies import divergence, figures, quality, recipe, supervise, tables
 from studies.study import compared_runs
 
@@ -465,8 +465,8 @@ RESUMING_RECIPE = textwrap.dedent("""\
     log() { echo "$1" | sed "s/^2026-11-24 20:37:44/$(date '+%Y-%m-%d %H:%M:%S')/" >> "$run/train.log"; }
     log "2026-11-24 20:37:44 | INFO | fairseq_cli.train | {'_name': None}"
     if [ ! -e "$run/checkpoints/checkpoint_last.pt" ]; then
+      mkdir -p "$run/checkpoints"; touch "$run/checkpoints/checkpoint_last.pt"  # saved, then logged
       log "$(printf '%s' "EPOCH" | sed "s/{epoch:03d}/001/; s/{loss}/10.8/; s/{updates}/132/")"
-      mkdir -p "$run/checkpoints"; touch "$run/checkpoints/checkpoint_last.pt"
       sleep 60
       exit 1
     fi
@@ -508,10 +508,11 @@ def test_a_run_folder_made_before_the_move_resumes_under_the_new_command(tmp_pat
 
     before = popen(old / "benchmarks" / "quality.py", *flags, cwd=tmp_path, env={"REALFORMER_VENV": sys.prefix})
     train_log = out / "realformer" / "seed1" / "train.log"
-    for _ in range(300):  # the old runner's recipe has logged epoch 1 and saved its checkpoint
+    for _ in range(1200):  # the old runner's recipe has logged epoch 1 and saved its checkpoint
         if (train_log.exists() and "epoch 001" in train_log.read_text()) or before.poll() is not None:
             break
         time.sleep(0.1)
+    assert before.poll() is None and "epoch 001" in train_log.read_text(), before.communicate(timeout=60)[0]
     before.send_signal(signal.SIGTERM)
     assert before.wait(timeout=60) == 130, before.stdout.read()
 
@@ -524,3 +525,11 @@ def test_a_run_folder_made_before_the_move_resumes_under_the_new_command(tmp_pat
     assert len((run_dir / "machines.jsonl").read_text().splitlines()) == 2
     (run,) = json.loads((tmp_path / "study.json").read_text())["runs"]
     assert (run["updates"], run["epochs"], run["attempts"]) == (264, 2, 2)
+
+
+def test_a_results_command_names_the_checkouts_paths_from_its_root():
+    """A result JSON's command runs in any clone: the script, and paths inside the checkout, from its
+    root; paths outside it as given."""
+    argv = ["--out", str(Path(REPO) / "runs" / "depth-18"), "--data", "/elsewhere/multi30k", "--lr", "2e-3"]
+    command = repo.header(Path(REPO) / "studies" / "quality.py", argv, "m")["command"]
+    assert command == "python studies/quality.py --out runs/depth-18 --data /elsewhere/multi30k --lr 2e-3"
