@@ -38,8 +38,6 @@ given in its name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
 """
 
 import argparse
-import contextlib
-import io
 import sys
 from collections import namedtuple
 from pathlib import Path
@@ -225,16 +223,16 @@ def main(argv=None):
 def report_so_far(study, args, given, recorded):
     """The report and --json after a run finished, while others train: a study of many sessions
     keeps (and can commit) every run as it finishes. Its failure stops no training."""
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the tables are printed once, at the end
-            report(study, args, given, recorded)
+    try:  # the tables are printed once, at the end (not by hiding stdout: the runs' threads print there)
+        report(study, args, given, recorded, show=False)
         supervise.say(f"the finished runs so far are in {study.json}")
     except (Exception, SystemExit) as e:  # noqa: BLE001
         supervise.say(f"the report so far failed ({e}); the runs go on")
 
 
-def report(study, args, given, recorded):
-    """The dropout gap of every finished run (--dropout-gap), the tables, the figures and --json."""
+def report(study, args, given, recorded, show=True):
+    """The dropout gap of every finished run (--dropout-gap), the tables (*show*), the figures and
+    --json."""
     if study.dropout_gap:
         for run_dir in study.run_folders():
             if RunFolder(run_dir).finished():
@@ -246,17 +244,18 @@ def report(study, args, given, recorded):
     compared = compared_runs({"settings": study.settings(), "runs": runs, "best": best})  # in a sweep: each at its best
     labels = [label for label in study.labels if any(r["label"] == label for r in compared)]
     found, across_seeds = scoring.comparisons(compared), scoring.seed_comparisons(compared)
-    if study.sweep:
+    if study.sweep and show:
         print(tables.sweep_table(runs, study.variants, study.lrs, study.describe(), best), flush=True)
-    if compared:
+    if compared and show:
         best_title = "Each variant at its best peak learning rate (chosen on validation BLEU)"
         title = best_title if study.sweep else study.describe()
         print(tables.table(compared, labels, found, title, across_seeds), flush=True)
     if args.figures:
-        for path in draw(study, args, runs, compared, labels):
-            print(f"[quality] figure: {path}")
+        paths = draw(study, args, runs, compared, labels)
+        if show:
+            print("\n".join(f"[quality] figure: {path}" for path in paths))
     if study.json:
-        study.save(given, runs, best, found, across_seeds)
+        study.save(given, runs, best, found, across_seeds, show)
 
 
 def draw(study, args, runs, compared, labels):

@@ -226,7 +226,7 @@ class Study:
             return self.machine
         return f"{before}; later runs: {self.machine}"
 
-    def save(self, argv, runs, best, found, across_seeds):
+    def save(self, argv, runs, best, found, across_seeds, show=True):
         """--json: the study, with its translations committed beside it (hypotheses' local paths dropped)."""
         path = Path(self.json)
         write_translations(runs, path.parent / path.stem, self.target_lang)
@@ -247,7 +247,8 @@ class Study:
             "summary": scoring.summary(runs, self.labels),
         }
         path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-        print(f"[quality] wrote {path}")
+        if show:
+            print(f"[quality] wrote {path}")
 
 
 def load(path):

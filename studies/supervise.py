@@ -97,13 +97,13 @@ class Runner:
         if not folder.keep_command(cmd[2:]):  # a run resumes only with the flags it started with
             return f"{folder.path} was started with other settings ({folder / 'command'}): choose another --out"
         env = dict(os.environ, **recipe.environment(self.study, config.variant))
-        start = time.time()
-        started = datetime.datetime.fromtimestamp(start)
-        folder.record_start(started, cpu_model())
         with open(folder / "recipe.log", "a") as log:
             with self.lock:
-                if self.stopping:  # a stop came while this run was queued: nothing starts, nothing said
+                if self.stopping:  # a stop came while this run was queued: nothing starts, nothing is recorded
                     return "stopped"
+                start = time.time()
+                started = datetime.datetime.fromtimestamp(start)
+                folder.record_start(started, cpu_model())  # before it starts: a killed attempt writes nothing after
                 say(f"start {name}: {folder.path}")
                 process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 keep_niceness(process.pid)

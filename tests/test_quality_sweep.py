@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -356,8 +357,9 @@ def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, 
 
 
 def test_a_stopped_runner_starts_no_queued_run_and_does_not_say_it_did(tmp_path, capsys, monkeypatch):
-    """After Ctrl-C, a run still queued in the pool returns "stopped": no recipe starts and no
-    "start" line is printed (the log must not claim a run that never began)."""
+    """After Ctrl-C, a run still queued in the pool returns "stopped": no recipe starts, no "start"
+    line is printed and no attempt is recorded in its folder (neither the log nor machines.jsonl
+    may claim a run that never began)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.en.gz").touch()
@@ -368,6 +370,29 @@ def test_a_stopped_runner_starts_no_queued_run_and_does_not_say_it_did(tmp_path,
     runner.stop(supervise.signal.SIGINT, None)
     assert runner.run(args.configs[0], 1) == "stopped"
     assert started == [] and " start " not in capsys.readouterr().out
+    assert not (args.run_folder(args.configs[0], 1) / "machines.jsonl").exists()
+
+
+def test_the_report_after_each_run_hides_no_line_the_runs_print(tmp_path, capsys, monkeypatch):
+    """While the report after a finished run is written (its tables not printed), a run that
+    starts in another thread still says so in the log (a stdout hidden for the report swallowed
+    such a line)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    study, outputs = quality.parse_args(["--data", str(data), "--out", str(tmp_path / "out"), "--json", "x.json"])
+
+    def report(*_, show=True):
+        worker = threading.Thread(target=supervise.say, args=("start admin seed 5: RUN",))
+        worker.start()
+        worker.join()
+        if show:
+            print("the tables")
+
+    monkeypatch.setattr(quality, "report", report)
+    quality.report_so_far(study, outputs, [], {})
+    out = capsys.readouterr().out
+    assert "start admin seed 5: RUN" in out and "the tables" not in out and "the finished runs so far" in out
 
 
 def test_fairseq_log_reads_its_stats_lines_in_both_log_formats():
