@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from common import fairseq_log
+from studies.runs import read_lines
 
 _NAN_CRASH = "FloatingPointError: gradients are Nan/Inf"  # fairseq's trainer, on a non-finite gradient norm
 
@@ -50,8 +51,6 @@ def divergence(lines, crash_checkpoint=None):
 
 def run_divergence(run_dir):
     """divergence() of a study's run folder (its train.log and checkpoints/crash.pt)."""
-    from studies.runs import read_lines
-
     train_log = Path(run_dir) / "train.log"
     lines = read_lines(train_log) if train_log.exists() else []
     return divergence(lines, Path(run_dir) / "checkpoints" / "crash.pt")
@@ -60,10 +59,12 @@ def run_divergence(run_dir):
 def crashed_at(crash_checkpoint, last_logged_update):
     """The update whose gradients were not finite: one after those crash.pt (fairseq's trainer
     saves it then) finished; without it, one after the last update the log names."""
+    if crash_checkpoint is None:
+        return last_logged_update + 1
     try:
         import torch
 
         state = torch.load(crash_checkpoint, map_location="cpu", weights_only=False)  # written by this run
         return int(state["optimizer_history"][-1]["num_updates"]) + 1
-    except (OSError, KeyError, IndexError, RuntimeError, TypeError, AttributeError):
+    except (OSError, KeyError, IndexError, RuntimeError):
         return last_logged_update + 1

@@ -202,11 +202,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    study, args = parse_args(argv)
+    study, outputs = parse_args(argv)
     # the flags, for the JSON's command: the one that trains the study (--report-only only reports it)
     given = [flag for flag in (sys.argv[1:] if argv is None else argv) if flag != "--report-only"]
     recorded = study.recorded()
-    if args.report_only:
+    if outputs.report_only:
         if not (study.out / "data" / "bin").exists() and not recorded:
             raise SystemExit(
                 f"quality.py: error: --report-only: {study.out} holds no study (no {study.out / 'data' / 'bin'})"
@@ -215,22 +215,22 @@ def main(argv=None):
             recipe.prepare_data(study)
     else:
         data_dir = recipe.prepare_data(study)
-        so_far = (lambda: report_so_far(study, args, given, recorded)) if study.json else None
+        so_far = (lambda: report_so_far(study, outputs, given, recorded)) if study.json else None
         supervise.run_all(study, data_dir, recorded, so_far)
-    report(study, args, given, recorded)
+    report(study, outputs, given, recorded)
 
 
-def report_so_far(study, args, given, recorded):
+def report_so_far(study, outputs, given, recorded):
     """The report and --json after a run finished, while others train: a study of many sessions
     keeps (and can commit) every run as it finishes. Its failure stops no training."""
     try:  # the tables are printed once, at the end (not by hiding stdout: the runs' threads print there)
-        report(study, args, given, recorded, show=False)
+        report(study, outputs, given, recorded, show=False)
         supervise.say(f"the finished runs so far are in {study.json}")
     except (Exception, SystemExit) as e:  # noqa: BLE001
         supervise.say(f"the report so far failed ({e}); the runs go on")
 
 
-def report(study, args, given, recorded, show=True):
+def report(study, outputs, given, recorded, show=True):
     """The dropout gap of every finished run (--dropout-gap), the tables (*show*), the figures and
     --json."""
     if study.dropout_gap:
@@ -250,23 +250,23 @@ def report(study, args, given, recorded, show=True):
         best_title = "Each variant at its best peak learning rate (chosen on validation BLEU)"
         title = best_title if study.sweep else study.describe()
         print(tables.table(compared, labels, found, title, across_seeds), flush=True)
-    if args.figures:
-        paths = draw(study, args, runs, compared, labels)
+    if outputs.figures:
+        paths = draw(study, outputs, runs, compared, labels)
         if show:
             print("\n".join(f"[quality] figure: {path}" for path in paths))
     if study.json:
         study.save(given, runs, best, found, across_seeds, show)
 
 
-def draw(study, args, runs, compared, labels):
+def draw(study, outputs, runs, compared, labels):
     """The sweep's figure (test BLEU against rate, --beside another depth's) and the figures of each
     variant at its best rate; their paths."""
     stem = Path(study.json).stem if study.json else f"quality-{study.pair}-{study.preset_name}"
-    folder, paths = Path(args.figures), []
+    folder, paths = Path(outputs.figures), []
     if study.sweep:
         beside = None
-        if args.beside:
-            other = load(args.beside)
+        if outputs.beside:
+            other = load(outputs.beside)
             beside = (other["runs"], "{0}+{0} layers".format(other["settings"]["layers"]))
         depth = f"{study.layers}+{study.layers} layers"
         paths.append(

@@ -71,9 +71,13 @@ class Study:
             f"-{name}{self.overrides[name]:g}" for name in ("warmup", "epochs", "layers") if name in self.overrides
         )
         self.run_suffix = suffix + ("-bf16" if self.bf16 else "")
-        rate = lambda lr: f"-lr{lr:g}" if self.lr_given else ""  # noqa: E731
         self.configs = [
-            RunConfig(f"{variant} lr={lr:g}" if self.sweep else variant, variant, lr, rate(lr) + self.run_suffix)
+            RunConfig(
+                f"{variant} lr={lr:g}" if self.sweep else variant,
+                variant,
+                lr,
+                (f"-lr{lr:g}" if self.lr_given else "") + self.run_suffix,
+            )
             for variant in self.variants
             for lr in self.lrs
         ]

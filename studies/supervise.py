@@ -13,7 +13,7 @@ from pathlib import Path
 
 from common.host import cpu_model
 from common.repo import VENV
-from studies import recipe
+from studies import dropout_gap, recipe
 from studies.divergence import run_divergence
 from studies.runs import RunFolder
 
@@ -145,8 +145,6 @@ def record_dropout_gap(study, run_dir):
     """The validation loss of a finished run's kept checkpoints with dropout off and on, into
     RUN/dropout_gap.json by dropout_gap.py (once: a record that exists is whole). A run with no
     checkpoint left (a diverged run stopped before its first epoch ended) has none."""
-    from studies import dropout_gap
-
     record = Path(run_dir) / "dropout_gap.json"
     if record.exists():
         return
