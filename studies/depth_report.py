@@ -8,8 +8,8 @@ nothing; it reads the studies' JSONs and their committed translations.
 1. Best against best at each depth: each variant at the rate its study chose on validation BLEU
    (a study of one rate: that rate), mean ± sample std over the seeds present, sacrebleu's paired
    bootstrap seed by seed and the exact permutation test across seeds for realformer − admin,
-   realformer − pre-ln and admin − pre-ln (quality_report's table and tests, as quality.py reports
-   a study).
+   realformer − pre-ln and admin − pre-ln (studies/tables.py's tables, as quality.py reports a
+   study).
 2. Depth against depth: each variant's deeper test BLEU against every shallower study's, the
    difference of the means and its permutation p where both have two seeds or more.
 3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line.
@@ -53,7 +53,7 @@ def parse_args(argv=None):
         nargs="*",
         default=STUDIES,
         metavar="JSON",
-        help="studies/quality.py JSONs (default: the 4+4 sweep, 12+12 and 18+18 studies in benchmarks/results)",
+        help="studies/quality.py JSONs (default: the 4+4 sweep, 12+12 and 18+18 studies in studies/results)",
     )
     p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
     p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")

@@ -68,7 +68,11 @@ def build_parser():
     p.add_argument("--quick", action="store_true", help="the recipe's --tiny mode, 2+2 layers: minutes on a CPU")
     p.add_argument("--seeds", default="1", metavar="1,2,3", help="comma list of seeds (default: %(default)s)")
     p.add_argument(
-        "--jobs", type=int, default=1, metavar="N", help="trainings side by side, one thread each (default: 1)"
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="trainings side by side, one thread each; studies side by side into one --out train N between them (default: 1)",
     )
     p.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
     p.add_argument(

@@ -1,6 +1,7 @@
 """The Multi30k recipe (examples/multi30k/run.sh) as a study calls it: the data prepared once, and
 each run's command with the fairseq-train flags every variant shares."""
 
+import fcntl
 import subprocess
 
 from common.repo import REPO, STOCK, USER_DIR, VARIANTS, VENV
@@ -33,12 +34,14 @@ def error(log_path, what):
 
 
 def prepare_data(study):
-    """Binarise the data once for every run (run.sh --prepare-only; skipped when done)."""
+    """Binarise the data once for every run (run.sh --prepare-only; skipped when done). Two studies
+    started into one --out take turns: the second finds the data prepared."""
     data_dir = study.out / "data"
     cmd = ["bash", str(RECIPE), *data_flags(study), "--prepare-only", *language_flags(study), study.data, str(data_dir)]
     print(f"[quality] data: {' '.join(cmd)}", flush=True)
     study.out.mkdir(parents=True, exist_ok=True)
     with open(study.out / "prepare.log", "a") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)  # released when the log is closed
         if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
             raise SystemExit(f"quality.py: error: {error(study.out / 'prepare.log', 'preparing the data')}")
     return data_dir

@@ -1,8 +1,10 @@
 """Training a study's runs: N at a time, seed 1 of every config first, each run in its own session
 under this process's niceness and its folder's lock, watched for divergence and stopped there;
-all of them stopped on SIGINT or SIGTERM (run the same command again to resume)."""
+all of them stopped on SIGINT or SIGTERM (run the same command again to resume). Studies started
+side by side into one --out share its N: a core one leaves is the other's at once."""
 
 import datetime
+import fcntl
 import os
 import signal
 import subprocess
@@ -18,6 +20,7 @@ from studies.divergence import run_divergence
 from studies.runs import RunFolder
 
 WATCH_S = 10  # how often a training's log is read for a divergence
+SLOT_WAIT_S = 10  # how often a run waiting for one of --out's N slots tries again
 DROPOUT_GAP = Path(__file__).resolve().parent / "dropout_gap.py"
 
 
@@ -97,7 +100,10 @@ class Runner:
         if not folder.keep_command(cmd[2:]):  # a run resumes only with the flags it started with
             return f"{folder.path} was started with other settings ({folder / 'command'}): choose another --out"
         env = dict(os.environ, **recipe.environment(self.study, config.variant))
-        with open(folder / "recipe.log", "a") as log:
+        slot = self.take_slot(name)
+        if slot is None:
+            return "stopped"
+        with slot, open(folder / "recipe.log", "a") as log:
             with self.lock:
                 if self.stopping:  # a stop came while this run was queued: nothing starts, nothing is recorded
                     return "stopped"
@@ -119,6 +125,27 @@ class Runner:
         if returncode != 0:
             return "stopped" if self.stopping else recipe.error(folder / "recipe.log", name)
         say(f"done {name} in {time.time() - start:.0f} s")
+        return None
+
+    def take_slot(self, name):
+        """One of the --jobs slots of the study's --out (a locked file in OUT/slots), held while the
+        run trains: every quality.py training into that --out takes one, so two studies run there
+        side by side train --jobs runs between them. Waits for one; None if a stop comes first."""
+        slots = self.study.out / "slots"
+        slots.mkdir(parents=True, exist_ok=True)
+        said = False
+        while not self.stopping:
+            for number in range(self.study.jobs):
+                handle = open(slots / str(number), "w")
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return handle
+                except BlockingIOError:
+                    handle.close()
+            if not said:
+                say(f"{name} waits: {self.study.jobs} runs train in {self.study.out} (another study trains there)")
+                said = True
+            time.sleep(SLOT_WAIT_S)
         return None
 
     def wait_watching(self, process, run_dir):

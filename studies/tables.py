@@ -125,7 +125,7 @@ def sweep_table(runs, variants, lrs, what, best=None):
     each variant's best rate marked."""
     test_names = next((list(r["test_sets"]) for r in runs if r["test_sets"]), [])
     seed = min(r["seed"] for r in runs)
-    gaps = any(r.get("dropout_gap") for r in runs)  # benchmarks/quality.py --dropout-gap
+    gaps = any(r.get("dropout_gap") for r in runs)  # studies/quality.py --dropout-gap
     lines = [
         f"{what}",
         "",

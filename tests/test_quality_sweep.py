@@ -558,3 +558,39 @@ def test_a_results_command_names_the_checkouts_paths_from_its_root():
     argv = ["--out", str(Path(REPO) / "runs" / "depth-18"), "--data", "/elsewhere/multi30k", "--lr", "2e-3"]
     command = repo.header(Path(REPO) / "studies" / "quality.py", argv, "m")["command"]
     assert command == "python studies/quality.py --out runs/depth-18 --data /elsewhere/multi30k --lr 2e-3"
+
+
+def test_two_studies_into_one_out_train_its_jobs_runs_between_them(tmp_path, monkeypatch):
+    """Two quality.py studies started side by side into one --out (the 18+18 runner's ADMIN and
+    RealFormer seeds beside Pre-LN and DeepNorm): while the first trains --jobs runs the second's
+    run waits, recording nothing; it starts as soon as one of them ends, and a stop while it waits
+    starts nothing."""
+    monkeypatch.setattr(supervise, "SLOT_WAIT_S", 0.05)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    out = ["--data", str(data), "--out", str(tmp_path / "out"), "--jobs", "2"]
+    first, second = (_parse(out + ["--variants", variants]) for variants in ("admin,realformer", "pre-ln,deepnorm"))
+    training = supervise.Runner(first, data)
+    held = [training.take_slot(f"{variant} seed 1") for variant in ("admin", "realformer")]
+    started = []
+    monkeypatch.setattr(supervise.subprocess, "Popen", lambda *a, **k: started.append(a) or 1 / 0)
+    waiting = supervise.Runner(second, data)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(waiting.take_slot("pre-ln seed 1")))
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive() and not outcome, "a third run started beside the first study's two"
+    held.pop().close()  # the first study's realformer run ends
+    worker.join(5)
+    assert outcome and outcome[0] is not None, "the freed slot was not taken"
+
+    stopped = supervise.Runner(second, data)
+    worker = threading.Thread(target=lambda: outcome.append(stopped.run(second.configs[1], 1)))
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive(), "deepnorm started though both slots are taken"
+    stopped.stop(supervise.signal.SIGTERM, None)
+    worker.join(5)
+    assert outcome[-1] == "stopped" and started == []
+    assert not (second.run_folder(second.configs[1], 1) / "machines.jsonl").exists()
