@@ -224,11 +224,11 @@ class Study:
 
     def machines(self):
         """The machine the JSON names: --machine, after the one of the JSON this study went on from
-        when that names another (its runs trained there)."""
+        when that does not name it yet (its runs trained there); that one alone when it does."""
         before = self.recorded_machine
-        if not before or self.machine in before:
+        if not before:
             return self.machine
-        return f"{before}; later runs: {self.machine}"
+        return before if self.machine in before else f"{before}; later runs: {self.machine}"
 
     def save(self, argv, runs, best, found, across_seeds, show=True):
         """--json: the study, with its translations committed beside it (hypotheses' local paths dropped)."""

@@ -444,6 +444,8 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
     assert sweep.machines() == f"VM A; later runs: {sweep.machine}"  # where its runs trained, and these
     sweep.machine = "VM A"
     assert sweep.machines() == "VM A"
+    sweep.machine, sweep.recorded_machine = "VM B", "VM A; later runs: VM B"  # the next session's, on VM B again
+    assert sweep.machines() == "VM A; later runs: VM B", "the machines its first runs trained on were dropped"
     other_depth = _parse([*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)])
     assert other_depth.recorded() == {} and other_depth.machines() == other_depth.machine
 
