@@ -586,6 +586,9 @@ def test_two_studies_into_one_out_train_its_jobs_runs_between_them(tmp_path, mon
     held.pop().close()  # the first study's realformer run ends
     worker.join(5)
     assert outcome and outcome[0] is not None, "the freed slot was not taken"
+    for slot in (*held, outcome.pop()):
+        slot.close()
+    held = [training.take_slot("admin seed 2"), training.take_slot("realformer seed 2")]
 
     stopped = supervise.Runner(second, data)
     worker = threading.Thread(target=lambda: outcome.append(stopped.run(second.configs[1], 1)))
@@ -596,3 +599,5 @@ def test_two_studies_into_one_out_train_its_jobs_runs_between_them(tmp_path, mon
     worker.join(5)
     assert outcome[-1] == "stopped" and started == []
     assert not (second.run_folder(second.configs[1], 1) / "machines.jsonl").exists()
+    for slot in held:
+        slot.close()
