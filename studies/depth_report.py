@@ -85,11 +85,28 @@ def scores(study, variant, test_name):
     ]
 
 
+def undecided(study):
+    """Per variant of a sweep that has runs in but no best rate yet (its seed-1 runs are not all in,
+    or, with --widen, its best is at an edge and the rate beyond it still trains): the rates in."""
+    if not is_sweep(study):
+        return {}
+    best = study.get("best", {})
+    rates = {}
+    for variant in study["settings"]["variants"]:
+        mine = sorted({r["lr"] for r in study["runs"] if r["variant"] == variant})
+        if variant not in best and mine:
+            rates[variant] = mine
+    return rates
+
+
 def missing_seeds(study):
-    """Per variant, the seeds its study's settings ask for at its best rate that are not in yet."""
+    """Per variant, the seeds its study's settings ask for at its best rate that are not in yet (a
+    variant whose rate is not chosen yet: said by undecided())."""
     settings = study["settings"]
     missing = {}
     for variant in settings["variants"]:
+        if variant in undecided(study):
+            continue
         further = settings.get("best_seeds", []) if variant in settings.get("best_variants", [variant]) else []
         present = {r["seed"] for r in study["compared"] if r["variant"] == variant}
         wanted = [seed for seed in settings["seeds"] + further if seed not in present]
@@ -113,10 +130,11 @@ def rate_chosen(study):
     settings = study["settings"]
     if not is_sweep(study):
         return f"{settings['lr']:g}, the only rate trained"
-    rates = ", ".join(f"{v} {lr:g}" for v, lr in study.get("best", {}).items())
+    rates = ", ".join(f"{v} {lr:g}" for v, lr in study.get("best", {}).items()) or "none chosen yet"
     seeds = ", ".join(map(str, settings["seeds"]))
     tried = ", ".join(f"{lr:g}" for lr in sorted({*settings["lrs"], *(r["lr"] for r in study["runs"])}))
-    return f"the best of {tried} on validation BLEU (seed {seeds}): {rates}"
+    beyond = " and the rate beyond an edge (--widen)" if settings.get("widen") else ""
+    return f"the best of {tried}{beyond} on validation BLEU (seed {seeds}): {rates}"
 
 
 def per_seed_lines(runs, test_name):
@@ -162,6 +180,13 @@ def depth_section(group):
         lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
     if any(len([r for r in runs if r["variant"] == v]) > 1 for v in study["settings"]["variants"]):
         lines += ["Seed by seed:", *per_seed_lines(runs, next(iter(runs[0]["test_sets"]))), ""]
+    waiting = {v: rates for part, _ in group for v, rates in undecided(part).items()}
+    if waiting:
+        lines.append(
+            "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains): "
+            + "; ".join(f"{v} (in: {', '.join(f'{lr:g}' for lr in rates)})" for v, rates in waiting.items())
+            + "."
+        )
     missing = {v: seeds for part, _ in group for v, seeds in missing_seeds(part).items()}
     if missing:
         lines.append(

@@ -12,9 +12,10 @@
 #      dropout gap; then seeds 2 and 3 of each at its best 18+18 rate on validation BLEU (the 2e-3
 #      runs of seed 1, committed first as a study of their own, count as this sweep's).
 #   5. depth settled (issue 69): seeds 4 and 5 of admin and realformer at 18+18 (at 2e-3, their
-#      rate); beside them, on the cores they leave, pre-ln and deepnorm at 18+18, lr 2e-3 and 4e-3,
-#      seed 1, and the rate beyond the better one's edge (1e-3 or 8e-3, --widen); then seeds 2 and 3
-#      of each at its best of the three.
+#      rate), and, as their 2e-3 is at the edge of stage 4's rates, 4e-3 seed 1 of each (--widen: a
+#      better 4e-3 would take seeds 2-5 there); beside them, on the cores they leave, pre-ln and
+#      deepnorm at 18+18, lr 2e-3 and 4e-3, seed 1, and the rate beyond the better one's edge (1e-3
+#      or 8e-3, --widen); then seeds 2 and 3 of each at its best of the three.
 #      Always float32, as the committed 18+18 study: studies/lr_depth_study.sh --stages 5
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 #
@@ -81,7 +82,7 @@ say "5/5 depth settled at 18+18 in $out/depth-18: seeds 4, 5 of admin and realfo
 depth18=(--preset cpu --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
 # side by side into one --out, the two studies train --jobs runs between them: the first starts a
 # minute ahead to take its slots (its runs resume first), and a core it leaves is the second's at once
-nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --best-seeds 2,3,4,5 --variants admin,realformer \
+nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --widen --best-seeds 2,3,4,5 --variants admin,realformer \
   --json "$results/cpu-quality-depth-18-multi30k-en-de.json" &
 first=$!
 sleep 60

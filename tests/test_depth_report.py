@@ -185,3 +185,30 @@ def test_the_deepest_depths_validation_curves_are_drawn_for_every_run(tmp_path, 
     depth_18 = RESULTS / "cpu-quality-depth-18-multi30k-en-de.json"
     out = _report(capsys, depth_18, "--figure", tmp_path / "depth.png", "--curves", curves)
     assert f"Validation curves: `{curves}`." in out and curves.stat().st_size > 10_000
+
+
+def test_a_variant_whose_rate_is_not_chosen_yet_is_said_so_not_listed_as_missing_every_seed(tmp_path, capsys):
+    """--widen (issue 69): a variant best at an edge of the sweep waits for the rate beyond it, and
+    its study's JSON names no best rate for it meanwhile. The report says which rates are in, and
+    lists neither its runs as compared nor its seeds as missing."""
+    shallow = {variant: {1: 36.0, 2: 37.0, 3: 38.0} for variant in ("pre-ln", "admin", "realformer")}
+    path = _study(tmp_path / "b", 18, {"pre-ln": {1: 37.0}, "deepnorm": {1: 36.0, 2: 36.5, 3: 37.0}})
+    study = json.loads(path.read_text())
+    widened = {**study["runs"][0], "lr": 4e-3, "label": "pre-ln lr=0.004"}  # pre-ln at both rates, undecided
+    study["runs"].append({**widened, "test_sets": {TEST_SET: {**widened["test_sets"][TEST_SET], "sacrebleu": 99.0}}})
+    study["settings"].update(lrs=[2e-3, 4e-3], widen=True, best_seeds=[2, 3])
+    study["settings"]["seeds"] = [1]
+    study["best"] = {"deepnorm": 2e-3}
+    path.write_text(json.dumps(study))
+    out = _report(capsys, _study(tmp_path / "4", 4, shallow), path, "--figure", tmp_path / "depth.png")
+    eighteen = out[out.index("### 18+18 layers") : out.index("### Depth against depth")]
+    assert "peak lr the best of 0.002, 0.004 and the rate beyond an edge (--widen) on validation BLEU (seed 1): " in (
+        eighteen
+    )
+    assert "deepnorm 0.002." in eighteen
+    assert "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains): " in (
+        eighteen
+    )
+    assert "pre-ln (in: 0.002, 0.004)." in eighteen
+    assert "| pre-ln" not in eighteen and "99.00" not in out  # neither rate stands for pre-ln
+    assert "Seeds not in yet" not in eighteen  # deepnorm's three are in; pre-ln's wait for its rate
