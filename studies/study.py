@@ -9,6 +9,7 @@ paths), "best" (a sweep: each variant's chosen rate), "comparisons" (paired boot
 seed), "seed_comparisons" (the permutation test across seeds) and "summary" (mean ± std).
 """
 
+import copy
 import gzip
 import json
 import re
@@ -233,6 +234,8 @@ class Study:
     def save(self, argv, runs, best, found, across_seeds, show=True):
         """--json: the study, with its translations committed beside it (hypotheses' local paths dropped)."""
         path = Path(self.json)
+        # on copies: the runs are also the recorded ones a later report in this process compares
+        runs = copy.deepcopy(runs)
         write_translations(runs, path.parent / path.stem, self.target_lang)
         for run in runs:
             for score in scored_sets(run).values():

@@ -2,6 +2,7 @@
 diverged, each variant's best rate is chosen on validation BLEU, and its further seeds are trained
 there. The recipe is replaced by a fake one that writes what run.sh writes, so no model trains."""
 
+import gzip
 import json
 import signal
 import subprocess
@@ -601,3 +602,34 @@ def test_two_studies_into_one_out_train_its_jobs_runs_between_them(tmp_path, mon
     assert not (second.run_folder(second.configs[1], 1) / "machines.jsonl").exists()
     for slot in held:
         slot.close()
+
+
+def test_a_study_writes_its_json_after_each_run_not_only_the_first(tmp_path):
+    """quality.py writes --json each time a run finishes, all in one process. The second write
+    failed (KeyError 'hypotheses': the first had dropped the local paths from the recorded runs
+    themselves), so a run that finished later in a long-lived runner never reached the JSON."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    with gzip.open(data / "test_2016_flickr.de.gz", "wt") as f:
+        f.write("a dog runs on the grass\nthe man is riding a red bike\n")
+    study_json = tmp_path / "study.json"
+    argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--variants", "admin,realformer"]
+    study, outputs = quality.parse_args([*argv, "--json", str(study_json)])
+    runs = []
+    for variant, line in (("admin", "a dog runs\nthe man rides\n"), ("realformer", "a dog runs on grass\nthe man\n")):
+        hypotheses = tmp_path / f"{variant}.de"
+        hypotheses.write_text(line)
+        score = {"sacrebleu": 30.0, "chrf": 50.0, "bleu_lc": 30.5, "translations": str(hypotheses)}
+        run = {"variant": variant, "lr": study.lrs[0], "label": study.labels[0 if variant == "admin" else 1], "seed": 1}
+        run.update(folder=f"{variant}/seed1", best_valid_loss=4.4, updates=2640, wall_s=60.0, tokens_per_s=900.0)
+        runs.append({**run, "test_sets": {"test_2016_flickr": score}})
+    study_json.write_text(json.dumps({"settings": study.settings(), "runs": runs, "machine": "VM A"}))
+    recorded = study.recorded()
+    quality.report(study, outputs, [], recorded, show=False)  # after the first run that finishes
+    first = json.loads(study_json.read_text())
+    quality.report(study, outputs, [], recorded, show=False)  # and after the next: it failed here
+    again = json.loads(study_json.read_text())
+    assert [c["a"] for c in again["comparisons"]] == ["realformer"] and again["runs"] == first["runs"]
+    assert all("hypotheses" not in s for r in again["runs"] for s in r["test_sets"].values())  # no local paths
+    assert (tmp_path / "study" / "admin.seed1.test_2016_flickr.de.gz").exists()
