@@ -103,9 +103,10 @@ def missing_seeds(study):
     """Per variant, the seeds its study's settings ask for at its best rate that are not in yet (a
     variant whose rate is not chosen yet: said by undecided())."""
     settings = study["settings"]
+    waiting = undecided(study)
     missing = {}
     for variant in settings["variants"]:
-        if variant in undecided(study):
+        if variant in waiting:
             continue
         further = settings.get("best_seeds", []) if variant in settings.get("best_variants", [variant]) else []
         present = {r["seed"] for r in study["compared"] if r["variant"] == variant}
