@@ -138,7 +138,9 @@ FAKE_RECIPE = (
       else
         printf 'a dog runs on grass\\nthe man rides a bike\\n' > "$run/score/$set/$subset.hyp.de"; bleu=12.5
       fi
-      echo "{\\"sacrebleu\\": $bleu, \\"sacrebleu_signature\\": \\"nrefs:1\\", \\"reference\\": \\"$run/$set.de\\"}" > "$run/score/$set/scores.json"
+      # scores.json last and whole, as scripts/score.py moves it in: the runner polls for it
+      echo "{\\"sacrebleu\\": $bleu, \\"sacrebleu_signature\\": \\"nrefs:1\\", \\"reference\\": \\"$run/$set.de\\"}" > "$run/score/$set/.scores.json"
+      mv "$run/score/$set/.scores.json" "$run/score/$set/scores.json"
     done
     sleep 0.2  # then the session's scheduling group, as the runner has set it by now
     cat /proc/self/autogroup > "$run/autogroup" 2>/dev/null || true
@@ -507,7 +509,8 @@ RESUMING_RECIPE = textwrap.dedent("""\
       subset=test; [ $set = val ] && subset=valid
       printf 'a dog runs on grass\\n' > "$run/score/$set/$subset.hyp.de"
       echo "{\\"sacrebleu\\": 12.5, \\"sacrebleu_signature\\": \\"nrefs:1\\", \\"reference\\": \\"$run/$set.de\\"}" \\
-        > "$run/score/$set/scores.json"
+        > "$run/score/$set/.scores.json"
+      mv "$run/score/$set/.scores.json" "$run/score/$set/scores.json"  # whole, as scripts/score.py moves it in
     done
 """).replace("EPOCH", EPOCH)
 
