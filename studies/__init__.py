@@ -11,5 +11,6 @@ is what they found.
     scoring.py       comparisons: paired bootstrap, permutation test, means over seeds
     tables.py        the Markdown tables
     figures.py       the figures
-    depth_report.py, depth_stability.py, dropout_gap.py, lr_depth_study.sh: the depth studies
+    depth_report.py, depth_stability.py, dropout_gap.py, source_use.py, lr_depth_study.sh: the depth studies
+    checkpoints.py   what dropout_gap.py and source_use.py share: their flags, loading, batches
 """

@@ -1,0 +1,198 @@
+"""Does a translation model use its source? A model can lower its validation loss as a language model
+of the target alone and then translate every source into one sentence (DeepNorm at 18+18 layers,
+STUDY.md); its loss curve does not say so. Two measures on a subset:
+
+- target NLL with its own source and with an impostor's: the loss per target token (bits, no label
+  smoothing: fairseq's nll_loss) with each sentence's source, and with the source of the sentence
+  next to it in its batch (fairseq sorts batches by length, so the impostor is about as long). A
+  model that reads its source scores the impostor far worse; one that ignores it scores both alike.
+- the encoder's token spread by layer: over every real source token of the subset (padding and EOS
+  left out), E‖x − x̄‖² / E‖x‖² of the vectors after the embedding, after each encoder layer, and at
+  the encoder's output (what cross-attention reads). 0 means every token leaves as one vector; the
+  ratio does not depend on the vectors' scale, so backbones compare.
+
+    python studies/source_use.py runs/depth-18/deepnorm-lr0.002-layers18/seed1
+    python studies/source_use.py CHECKPOINT.pt [CHECKPOINT.pt ...] --data DATA_BIN
+    python studies/source_use.py RUN ... --fresh --json FILE   # also the untrained model; the rows as JSON
+
+A run folder of studies/quality.py stands for checkpoints/checkpoint_avg.pt, the model its
+translations came from, and its data is its bin/ unless --data says. --fresh adds each checkpoint's
+architecture freshly initialised from the checkpoint's seed, as fairseq-train builds it: it tells a
+collapse the model learned from one it was built with.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
+from common.host import host  # noqa: E402
+from common.repo import commit  # noqa: E402
+from studies import checkpoints  # noqa: E402
+from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load  # noqa: E402
+
+PROG = "source_use.py"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.add_argument("--fresh", action="store_true", help="also measure each architecture freshly initialised")
+    p.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
+    return p.parse_args(argv)
+
+
+def checkpoint_of(path: Path, data):
+    """(checkpoint file, data folder) that *path* stands for: a run folder's average."""
+    (found,) = checkpoints.checkpoints_of(
+        path,
+        data,
+        lambda folder: [f for f in [folder / "checkpoint_avg.pt"] if f.exists()],
+        "checkpoints/checkpoint_avg.pt",
+    )
+    return found
+
+
+def with_impostor_sources(sample):
+    """*sample* with each sentence's source replaced by the next sentence's (the last takes the first's)."""
+    net_input = sample["net_input"]
+    rolled = {key: net_input[key].roll(-1, dims=0) for key in ("src_tokens", "src_lengths")}
+    return {**sample, "net_input": {**net_input, **rolled}}
+
+
+class Spread:
+    """E‖x − x̄‖² / E‖x‖² over the vectors added, in float64 sums (a subset's tokens, in batches)."""
+
+    def __init__(self):
+        self.count, self.total, self.squares = 0, 0.0, 0.0
+
+    def add(self, vectors):  # N x C
+        vectors = vectors.double()
+        self.count += len(vectors)
+        self.total = self.total + vectors.sum(0)
+        self.squares += float(vectors.pow(2).sum())
+
+    def value(self) -> float:
+        mean_square = self.squares / self.count
+        return (mean_square - float((self.total / self.count).pow(2).sum())) / mean_square
+
+
+def measure(model, task, criterion, subset: str, max_tokens: int) -> dict:
+    """The NLL (bits per target token) with own and impostor sources, and the token spread by layer."""
+    import torch
+
+    model.eval()
+    nll = {"own": 0.0, "impostor": 0.0}
+    tokens, sentences, spreads = 0, 0, None
+    with torch.no_grad():
+        for sample in batches(model, task, subset, max_tokens):
+            if len(sample["id"]) < 2:  # no other sentence to lend its source
+                continue
+            for key, batch in (("own", sample), ("impostor", with_impostor_sources(sample))):
+                _, _, logged = criterion(model, batch)
+                nll[key] += float(logged.get("nll_loss", logged["loss"]))  # plain cross-entropy has no nll_loss
+            tokens, sentences = tokens + int(logged["ntokens"]), sentences + len(sample["id"])
+            source = sample["net_input"]["src_tokens"]
+            states = model.encoder(source, sample["net_input"]["src_lengths"], return_all_hiddens=True)
+            real = (source.ne(task.source_dictionary.pad()) & source.ne(task.source_dictionary.eos())).t()  # T x B
+            layers = [*states["encoder_states"], states["encoder_out"][0]]  # embedding, 1..N, output
+            spreads = spreads or [Spread() for _ in layers]
+            for spread, x in zip(spreads, layers):
+                spread.add(x[real])
+    if not sentences:
+        raise InputError(f"--subset {subset}: no batch of two or more sentences to swap sources in")
+    return {
+        "sentences": sentences,
+        "target_tokens": tokens,
+        "nll_own": nll["own"] / tokens / math.log(2),
+        "nll_impostor": nll["impostor"] / tokens / math.log(2),
+        "spread": [s.value() for s in spreads],
+    }
+
+
+def fresh_model(task, cfg):
+    """The checkpoint's architecture built anew from its seed, as fairseq-train builds it."""
+    import numpy as np
+    from fairseq import utils
+
+    np.random.seed(cfg.common.seed)
+    utils.set_torch_seed(cfg.common.seed)
+    return task.build_model(cfg.model)
+
+
+def print_tables(rows, subset):
+    print(f"{subset}: NLL per target token (bits, no label smoothing) with its own source and a neighbour's\n")
+    print("| model | updates | own source | impostor source | impostor − own |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['model']} | {row['updates']} | {row['nll_own']:.3f} | {row['nll_impostor']:.3f} "
+            f"| {row['nll_impostor'] - row['nll_own']:+.3f} |"
+        )
+    by_name = [
+        {
+            "embedding": r["spread"][0],
+            **{f"layer {i}": v for i, v in enumerate(r["spread"][1:-1], 1)},
+            "output": r["spread"][-1],
+        }
+        for r in rows
+    ]
+    names = list(max(by_name, key=len))  # the deepest encoder's rows; a shallower one leaves cells empty
+    print(f"\n{subset}: token spread E‖x − x̄‖² / E‖x‖² of the encoder (0: every source token is one vector)\n")
+    print("| encoder | " + " | ".join(f"({i + 1})" for i in range(len(rows))) + " |")
+    print("|---|" + "---|" * len(rows))
+    for name in names:
+        print(f"| {name} | " + " | ".join(f"{s[name]:.3f}" if name in s else "" for s in by_name) + " |")
+    print("\n" + "\n".join(f"({i + 1}) {row['model']}" for i, row in enumerate(rows)))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import_plugin()
+    rows = []
+    try:
+        for path in args.paths:
+            checkpoint, data = checkpoint_of(Path(path), args.data)
+            model, task, criterion, updates, cfg = load(checkpoint, data, args.subset)
+            models = [(str(checkpoint), updates, model)]
+            if args.fresh:
+                models.append((f"{checkpoint} freshly initialised (seed {cfg.common.seed})", 0, fresh_model(task, cfg)))
+            for name, steps, net in models:
+                rows.append(
+                    {"model": name, "updates": steps, **measure(net, task, criterion, args.subset, args.max_tokens)}
+                )
+    except InputError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print_tables(rows, args.subset)
+    if args.json:
+        record = {
+            "command": " ".join(["python", "studies/source_use.py", *(argv if argv is not None else sys.argv[1:])]),
+            "commit": commit(),
+            "machine": host(),
+            "date": datetime.date.today().isoformat(),
+            "subset": args.subset,
+            "units": {"nll": "bits per target token", "spread": "E|x - mean|^2 / E|x|^2 over source tokens"},
+            "spread_at": "embedding, encoder layers 1..N, encoder output",
+            "rows": [
+                {
+                    **row,
+                    **{k: round(row[k], 4) for k in ("nll_own", "nll_impostor")},
+                    "spread": [round(v, 4) for v in row["spread"]],
+                }
+                for row in rows
+            ],
+        }
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # the plugin loads checkpoints safely
+    main()
