@@ -14,6 +14,7 @@ STUDY.md); its loss curve does not say so. Two measures on a subset:
     python studies/source_use.py runs/depth-18/deepnorm-lr0.002-layers18/seed1
     python studies/source_use.py CHECKPOINT.pt [CHECKPOINT.pt ...] --data DATA_BIN
     python studies/source_use.py RUN ... --fresh --json FILE   # also the untrained model; the rows as JSON
+    python studies/source_use.py RUN ... --figure OUT.png      # both measures drawn, a line per model
 
 A run folder of studies/quality.py stands for checkpoints/checkpoint_avg.pt, the model its
 translations came from, and its data is its bin/ unless --data says. --fresh adds each checkpoint's
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.host import host  # noqa: E402
-from common.repo import commit  # noqa: E402
+from common.repo import commit, repo_relative  # noqa: E402
 from studies import checkpoints  # noqa: E402
 from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load  # noqa: E402
 
@@ -43,6 +44,7 @@ def parse_args(argv=None):
     add_arguments(p)
     p.add_argument("--fresh", action="store_true", help="also measure each architecture freshly initialised")
     p.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
+    p.add_argument("--figure", metavar="PNG", help="also draw the spread by layer and the NLLs into PNG")
     return p.parse_args(argv)
 
 
@@ -124,6 +126,65 @@ def fresh_model(task, cfg):
     return task.build_model(cfg.model)
 
 
+def short_name(model: str) -> str:
+    """RUN/seedN for a run folder's average (with the checkpoint's stem for any other checkpoint of
+    it), else the model's name as given."""
+    path = Path(model.split(" freshly")[0])
+    if len(path.parts) < 4 or path.parent.name != "checkpoints":
+        return model
+    run = "/".join(path.parts[-4:-2])
+    stem = "" if path.name == "checkpoint_avg.pt" else f" {path.stem}"
+    return run + stem + (", untrained" if " freshly" in model else "")
+
+
+def draw(rows, subset, path):
+    """Left: each model's token spread after the embedding, every encoder layer and the output
+    (untrained models dashed, in their checkpoint's colour). Right: NLL with own and impostor source."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from common.repo import quiet_logging
+
+    quiet_logging()
+    trained = list(dict.fromkeys(short_name(r["model"]).removesuffix(", untrained") for r in rows))
+    colours = dict(zip(trained, plt.get_cmap("tab10").colors))
+    fig, (spread, nll) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    for row in rows:
+        name = short_name(row["model"])
+        colour = colours[name.removesuffix(", untrained")]
+        style = "--" if name.endswith(", untrained") else "-"
+        spread.plot(range(len(row["spread"])), row["spread"], style, color=colour, marker=".", label=name)
+    depth = max(len(r["spread"]) for r in rows)
+    spread.set_xticks(range(depth), ["emb", *map(str, range(1, depth - 1)), "out"])
+    spread.set_xlabel("encoder position (embedding, layer 1 … N, output)")
+    spread.set_ylabel("token spread E‖x − x̄‖² / E‖x‖²")
+    spread.set_ylim(-0.02, 1.02)
+    spread.set_title("Source tokens' spread after each encoder layer (0: one vector for every token)", fontsize=10)
+    spread.grid(alpha=0.3)
+    spread.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    names = [short_name(r["model"]) for r in rows]
+    width = 0.4
+    for offset, key, label in (
+        (-width / 2, "nll_own", "own source"),
+        (width / 2, "nll_impostor", "neighbour's source"),
+    ):
+        nll.bar([i + offset for i in range(len(rows))], [r[key] for r in rows], width, label=label)
+    nll.set_xticks(range(len(rows)), names, rotation=35, ha="right", fontsize=7)
+    nll.set_ylabel("NLL per target token (bits)")
+    nll.set_title("Target NLL with its own source and with a neighbour's", fontsize=10)
+    nll.grid(alpha=0.3, axis="y")
+    nll.legend(fontsize=8)
+    data = ", ".join(dict.fromkeys(r["data"] for r in rows))
+    sentences = ", ".join(dict.fromkeys(str(r["sentences"]) for r in rows))
+    fig.suptitle(f"Does the model use its source? The {subset} subset of {data} ({sentences} sentences)", fontsize=11)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def print_tables(rows, subset):
     print(f"{subset}: NLL per target token (bits, no label smoothing) with its own source and a neighbour's\n")
     print("| model | updates | own source | impostor source | impostor − own |")
@@ -162,13 +223,14 @@ def main(argv=None):
             if args.fresh:
                 models.append((f"{checkpoint} freshly initialised (seed {cfg.common.seed})", 0, fresh_model(task, cfg)))
             for name, steps, net in models:
-                rows.append(
-                    {"model": name, "updates": steps, **measure(net, task, criterion, args.subset, args.max_tokens)}
-                )
+                measured = measure(net, task, criterion, args.subset, args.max_tokens)
+                rows.append({"model": name, "updates": steps, "data": repo_relative(data), **measured})
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
     print_tables(rows, args.subset)
+    if args.figure:
+        draw(rows, args.subset, args.figure)
     if args.json:
         record = {
             "command": " ".join(["python", "studies/source_use.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from .cli import STUDIES, cli_error, load_script
+from .cli import REPO, STUDIES, cli_error, load_script
 from .test_compat import FIXTURES
 
 CHECKPOINT = FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"  # 200 updates of the toy pair, 2+2 layers
@@ -101,12 +101,13 @@ def test_fresh_model_is_built_from_the_checkpoints_seed(loaded):
     assert not all(torch.equal(w, t) for w, t in zip(first.parameters(), model.parameters()))
 
 
-def test_a_run_folder_reads_its_average_and_the_json_holds_the_printed_rows(tmp_path, capsys):
-    run = tmp_path / "run"
+def test_a_run_folder_reads_its_average_the_json_holds_the_printed_rows_and_a_figure_is_drawn(tmp_path, capsys):
+    run = tmp_path / "admin-lr0.002" / "seed1"
     (run / "checkpoints").mkdir(parents=True)
     shutil.copy(CHECKPOINT, run / "checkpoints" / "checkpoint_avg.pt")
     (run / "bin").symlink_to(DATA)
-    rows = use.main([str(run), "--fresh", "--json", str(tmp_path / "out" / "source_use.json")])
+    figure = tmp_path / "figures" / "source_use.png"
+    rows = use.main([str(run), "--fresh", "--json", str(tmp_path / "out" / "source_use.json"), "--figure", str(figure)])
     printed = capsys.readouterr().out
     record = json.loads((tmp_path / "out" / "source_use.json").read_text())
     assert [r["model"] for r in record["rows"]] == [
@@ -114,6 +115,9 @@ def test_a_run_folder_reads_its_average_and_the_json_holds_the_printed_rows(tmp_
         f"{run / 'checkpoints' / 'checkpoint_avg.pt'} freshly initialised (seed 1)",
     ]
     assert [r["updates"] for r in record["rows"]] == [200, 0]
+    assert [r["data"] for r in record["rows"]] == [str(DATA.resolve().relative_to(REPO))] * 2
+    assert figure.stat().st_size > 10_000
+    assert use.short_name(rows[1]["model"]) == "admin-lr0.002/seed1, untrained"
     assert record["command"].startswith("python studies/source_use.py ") and record["machine"] and record["date"]
     for row, kept in zip(rows, record["rows"]):
         assert kept["nll_own"] == round(row["nll_own"], 4)
