@@ -237,10 +237,30 @@ def across_depths(studies, test_name):
     return "\n".join(lines)
 
 
+def figure_lines(studies, test_name):
+    """Per variant, in the studies' order: [(depth, its seeds' test sacreBLEU), ...] at the depths
+    where it trained (mean above FAILED_BLEU), and its legend label, which names the depths where it
+    did not. A variant that trained at no depth is still named (DeepNorm at 18+18, issue 69)."""
+    lines = []
+    for variant in dict.fromkeys(v for study in studies for v in study["settings"]["variants"]):
+        trained, failed = [], []
+        for study in studies:
+            found = scores(study, variant, test_name)
+            if not found:
+                continue
+            if statistics.mean(found) < FAILED_BLEU:
+                failed.append(f"{study['layers']}+{study['layers']}: {statistics.mean(found):.1f}")
+            else:
+                trained.append((study["layers"], found))
+        if trained or failed:
+            label = variant + (f" (not drawn at {'; '.join(failed)} BLEU: it did not train)" if failed else "")
+            lines.append((variant, trained, label))
+    return lines
+
+
 def depth_figure(studies, test_name, path, what):
     """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
-    line; a variant is drawn only at the depths where it trained (mean above FAILED_BLEU), and the
-    legend names the others."""
+    line, at the depths where it trained; the legend names the others (figure_lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -249,24 +269,16 @@ def depth_figure(studies, test_name, path, what):
     variants = list(dict.fromkeys(v for study in studies for v in study["settings"]["variants"]))
     colours = dict(zip(variants, plt.get_cmap("tab10").colors))  # the sweep figures' colours
     fig, ax = plt.subplots(figsize=(8, 6))
-    for i, variant in enumerate(variants):
+    for variant, trained, label in figure_lines(studies, test_name):
+        i = variants.index(variant)
         shift = (i - (len(variants) - 1) / 2) * 0.3  # side by side at each depth: the seeds stay apart
-        depths, means, failed = [], [], []
-        for study in studies:
-            found = scores(study, variant, test_name)
-            if not found:
-                continue
-            if statistics.mean(found) < FAILED_BLEU:
-                failed.append(f"{study['layers']}+{study['layers']}: {statistics.mean(found):.1f}")
-                continue
-            x = study["layers"] + shift
-            ax.scatter([x] * len(found), found, color=colours[variant], s=18, alpha=0.7, zorder=3)
-            depths.append(x)
-            means.append(statistics.mean(found))
-        if not depths:
-            continue
-        label = variant + (f" (not drawn at {'; '.join(failed)} BLEU: it did not train)" if failed else "")
-        ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=label)
+        for layers, found in trained:
+            ax.scatter([layers + shift] * len(found), found, color=colours[variant], s=18, alpha=0.7, zorder=3)
+        depths = [layers + shift for layers, _ in trained]
+        means = [statistics.mean(found) for _, found in trained]
+        ax.plot(
+            depths, means, "-", marker="_", markersize=14, color=colours[variant], label=label
+        )  # trained nowhere: a legend entry only
     ticks = [study["layers"] for study in studies]
     ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
     ax.set_xlabel("layers in each of the encoder and the decoder")

@@ -180,6 +180,23 @@ def test_studies_of_one_depth_are_one_section_and_residual_attention_meets_each_
     assert "| realformer | 18+18 | 39.00 ± 0.79 (lr 0.002, 5 seeds) | " in out and "| deepnorm | 18+18 |" not in out
 
 
+def test_the_figure_names_a_variant_that_trained_at_no_depth(tmp_path):
+    """DeepNorm ran at 18+18 only and failed there (issue 69): the depth figure draws no point of it
+    but names it in the legend, as it names the depths where another variant failed."""
+    depth_report = load_script("depth_report", STUDIES)
+    shallow = {"post-ln": {1: 36.0, 2: 37.0}, "admin": {1: 37.0, 2: 38.0}}
+    deep = {"post-ln": {1: 1.5, 2: 2.5}, "admin": {1: 35.0, 2: 34.0}, "deepnorm": {1: 2.0, 2: 2.6}}
+    studies = [
+        depth_report.load(_study(tmp_path / str(n), n, bleu), tmp_path) for n, bleu in ((4, shallow), (18, deep))
+    ]
+    assert depth_report.figure_lines(studies, TEST_SET) == [
+        ("post-ln", [(4, [36.0, 37.0])], "post-ln (not drawn at 18+18: 2.0 BLEU: it did not train)"),
+        ("admin", [(4, [37.0, 38.0]), (18, [35.0, 34.0])], "admin"),
+        ("deepnorm", [], "deepnorm (not drawn at 18+18: 2.3 BLEU: it did not train)"),
+    ]
+    assert depth_report.depth_figure(studies, TEST_SET, tmp_path / "depth.png", "m").stat().st_size > 10_000
+
+
 def test_the_deepest_depths_validation_curves_are_drawn_for_every_run(tmp_path, capsys):
     curves = tmp_path / "curves.png"
     depth_18 = RESULTS / "cpu-quality-depth-18-multi30k-en-de.json"
