@@ -276,9 +276,8 @@ def depth_figure(studies, test_name, path, what):
             ax.scatter([layers + shift] * len(found), found, color=colours[variant], s=18, alpha=0.7, zorder=3)
         depths = [layers + shift for layers, _ in trained]
         means = [statistics.mean(found) for _, found in trained]
-        ax.plot(
-            depths, means, "-", marker="_", markersize=14, color=colours[variant], label=label
-        )  # trained nowhere: a legend entry only
+        # a variant that trained nowhere plots nothing here, but still gets its legend entry
+        ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=label)
     ticks = [study["layers"] for study in studies]
     ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
     ax.set_xlabel("layers in each of the encoder and the decoder")
