@@ -18,6 +18,9 @@
 #      or 8e-3, --widen); then seeds 2 and 3 of each at its best of the three.
 #      Always float32, as the committed 18+18 study: studies/lr_depth_study.sh --stages 5
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
+# --jobs 1 trains one run at a time on every core: on 2 cores an 18+18 run then takes 100 minutes
+# with its scoring (~1,550 tokens/s, against ~900 for each of two side by side), so it finishes
+# within a session even where the next session starts from a fresh checkout without runs/.
 #
 #   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5]
 set -euo pipefail
