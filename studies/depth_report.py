@@ -2,7 +2,7 @@
 several depths (4+4, 12+12, 18+18 layers), each variant at its best peak learning rate. It trains
 nothing; it reads the studies' JSONs and their committed translations.
 
-    python studies/depth_report.py            # the three committed studies, the figure into docs/figures/lr-sweep
+    python studies/depth_report.py            # the committed studies, the figure into docs/figures/lr-sweep
     python studies/depth_report.py SHALLOW.json DEEP.json [DEEPER.json ...] --figure OUT.png
 
 1. Best against best at each depth: each variant at the rate its study chose on validation BLEU
@@ -38,7 +38,7 @@ from studies.study import load as load_study  # noqa: E402
 RESULTS = REPO / "studies" / "results"
 STUDIES = [
     RESULTS / f"cpu-quality-{name}-multi30k-en-de.json"
-    for name in ("lr-sweep", "depth-12", "depth-18", "depth-18-pre-ln-deepnorm")
+    for name in ("lr-sweep", "deepnorm-4", "depth-12", "depth-18", "depth-18-pre-ln-deepnorm")
 ]
 FIGURE = REPO / "docs" / "figures" / "lr-sweep" / "cpu-quality-depth-multi30k-en-de.bleu-vs-depth.png"
 # (system, baseline): residual attention against each backbone a user could pick instead, and ADMIN against Pre-LN
@@ -53,7 +53,7 @@ def parse_args(argv=None):
         nargs="*",
         default=STUDIES,
         metavar="JSON",
-        help="studies/quality.py JSONs (default: the 4+4 sweep, 12+12 and 18+18 studies in studies/results)",
+        help="studies/quality.py JSONs (default: the 4+4 sweep and DeepNorm's 4+4 run, the 12+12 and the 18+18 studies in studies/results)",
     )
     p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
     p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")
