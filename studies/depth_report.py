@@ -53,7 +53,7 @@ def parse_args(argv=None):
         nargs="*",
         default=STUDIES,
         metavar="JSON",
-        help="studies/quality.py JSONs (default: the 4+4 sweep and DeepNorm's 4+4 run, the 12+12 and the 18+18 studies in studies/results)",
+        help="studies/quality.py JSONs (default: the committed 4+4, 12+12 and 18+18 studies in studies/results)",
     )
     p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
     p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")
@@ -240,7 +240,7 @@ def across_depths(studies, test_name):
 def figure_lines(studies, test_name):
     """Per variant, in the studies' order: [(depth, its seeds' test sacreBLEU), ...] at the depths
     where it trained (mean above FAILED_BLEU), and its legend label, which names the depths where it
-    did not. A variant that trained at no depth is still named (DeepNorm at 18+18, issue 69)."""
+    did not. A variant that trained at no depth is still named (DeepNorm, when it had run at 18+18 only)."""
     lines = []
     for variant in dict.fromkeys(v for study in studies for v in study["settings"]["variants"]):
         trained, failed = [], []

@@ -181,8 +181,8 @@ def test_studies_of_one_depth_are_one_section_and_residual_attention_meets_each_
 
 
 def test_the_figure_names_a_variant_that_trained_at_no_depth(tmp_path):
-    """DeepNorm ran at 18+18 only and failed there (issue 69): the depth figure draws no point of it
-    but names it in the legend, as it names the depths where another variant failed."""
+    """A variant run only where it failed (DeepNorm before its 4+4 run, issue 69): the depth figure
+    draws no point of it but names it in the legend, as it names the depths where another failed."""
     depth_report = load_script("depth_report", STUDIES)
     shallow = {"post-ln": {1: 36.0, 2: 37.0}, "admin": {1: 37.0, 2: 38.0}}
     deep = {"post-ln": {1: 1.5, 2: 2.5}, "admin": {1: 35.0, 2: 34.0}, "deepnorm": {1: 2.0, 2: 2.6}}
