@@ -12,6 +12,7 @@ seed), "seed_comparisons" (the permutation test across seeds) and "summary" (mea
 import copy
 import gzip
 import json
+import os
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ class Study:
     dropout_gap: bool = False
 
     def __post_init__(self):
+        # absolute: a run's recorded command (RunFolder.keep_command) must not depend on where it was typed
+        self.out = Path(os.path.abspath(self.out))
+        self.data = os.path.abspath(self.data) if self.data else self.data
         self.preset = PRESETS[self.preset_name]
         self.quick = self.preset_name == "quick"
         self.epochs = self.overrides.get("epochs") or self.preset.epochs

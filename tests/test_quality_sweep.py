@@ -17,6 +17,7 @@ import torch
 
 from common import fairseq_log, repo
 from studies import divergence, figures, quality, recipe, supervise, tables
+from studies.runs import RunFolder
 from studies.study import compared_runs
 
 from .cli import popen
@@ -451,6 +452,29 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
     assert sweep.machines() == "VM A; later runs: VM B", "the machines its first runs trained on were dropped"
     other_depth = _parse([*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)])
     assert other_depth.recorded() == {} and other_depth.machines() == other_depth.machine
+
+
+def test_a_run_resumes_whether_its_out_and_data_were_typed_relative_or_absolute(tmp_path, monkeypatch):
+    """lr_depth_study.sh starts runs with absolute paths; the same study typed by hand from the
+    checkout with relative --out and --data names the same run folders, so the run resumes rather
+    than being refused as "started with other settings"."""
+    data, out = tmp_path / "data", tmp_path / "runs" / "q"
+    data.mkdir()
+    (data / "train.en.gz").touch()
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "updates_per_epoch").write_text("7\n")  # what quality.py counted on the data, cached
+    flags = ["--preset", "cpu", "--variants", "admin"]
+    typed_absolute = _parse(["--data", str(data), "--out", str(out), *flags])
+    monkeypatch.chdir(tmp_path)
+    typed_relative = _parse(["--data", "data", "--out", "runs/../runs/q", *flags])
+    commands = [
+        recipe.command(study, study.out / "data", study.configs[0], 1, study.run_folder(study.configs[0], 1))
+        for study in (typed_absolute, typed_relative)
+    ]
+    assert commands[0] == commands[1] and {str(data), str(out / "admin" / "seed1")} <= set(commands[0])
+    folder = RunFolder(typed_absolute.run_folder(typed_absolute.configs[0], 1))
+    folder.path.mkdir(parents=True)
+    assert folder.keep_command(commands[0][2:]) and folder.keep_command(commands[1][2:])
 
 
 def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_path, monkeypatch):
