@@ -258,6 +258,19 @@ def figure_lines(studies, test_name):
     return lines
 
 
+def one_rate(studies):
+    """ "VARIANT at N+N (LR)" for each variant a study ran at one peak lr only: its dot is not a
+    best rate (DeepNorm at 4+4, issue 69)."""
+    found = []
+    for merged in studies:
+        for study, _ in merged.get("parts", [(merged, None)]):  # a depth's studies, each with its own runs
+            for variant in study["settings"]["variants"]:
+                rates = {r["lr"] for r in study["runs"] if r["variant"] == variant}
+                if len(rates) == 1:
+                    found.append(f"{variant} at {study['layers']}+{study['layers']} ({rates.pop():g})")
+    return found
+
+
 def depth_figure(studies, test_name, path, what):
     """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
     line, at the depths where it trained; the legend names the others (figure_lines)."""
@@ -284,6 +297,7 @@ def depth_figure(studies, test_name, path, what):
     ax.set_ylabel(f"test sacreBLEU ({test_name})")
     ax.set_title(
         "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
+        + "".join(f"one peak lr only: {', '.join(single)}\n" for single in [one_rate(studies)] if single)
         + textwrap.fill(what, 85),
         fontsize=10,
     )

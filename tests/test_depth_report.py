@@ -197,6 +197,20 @@ def test_the_figure_names_a_variant_that_trained_at_no_depth(tmp_path):
     assert depth_report.depth_figure(studies, TEST_SET, tmp_path / "depth.png", "m").stat().st_size > 10_000
 
 
+def test_the_figure_says_which_dots_are_at_the_one_rate_a_variant_ran(tmp_path):
+    """The figure's title promises each variant's best peak lr; a variant a study ran at one rate
+    only (DeepNorm's 4+4 probe, issue 69) is named with that rate, also inside a depth made of two
+    studies. Variants swept over two rates are not."""
+    depth_report = load_script("depth_report", STUDIES)
+    sweep_path = _study(tmp_path / "a", 4, {"admin": {1: 37.0}, "pre-ln": {1: 36.0}})
+    sweep = json.loads(sweep_path.read_text())
+    sweep["runs"] += [{**run, "lr": 4e-3} for run in sweep["runs"]]
+    sweep_path.write_text(json.dumps(sweep))
+    probe_path = _study(tmp_path / "b", 4, {"deepnorm": {1: 35.7}})
+    group = [(depth_report.load(path, tmp_path), path) for path in (sweep_path, probe_path)]
+    assert depth_report.one_rate([depth_report.same_depth(group)]) == ["deepnorm at 4+4 (0.002)"]
+
+
 def test_the_deepest_depths_validation_curves_are_drawn_for_every_run(tmp_path, capsys):
     curves = tmp_path / "curves.png"
     depth_18 = RESULTS / "cpu-quality-depth-18-multi30k-en-de.json"
