@@ -281,6 +281,7 @@ def depth_figure(studies, test_name, path, what):
 
     variants = list(dict.fromkeys(v for study in studies for v in study["settings"]["variants"]))
     colours = dict(zip(variants, plt.get_cmap("tab10").colors))  # the sweep figures' colours
+    single = one_rate(studies)
     fig, ax = plt.subplots(figsize=(8, 6))
     for variant, trained, label in figure_lines(studies, test_name):
         i = variants.index(variant)
@@ -297,7 +298,7 @@ def depth_figure(studies, test_name, path, what):
     ax.set_ylabel(f"test sacreBLEU ({test_name})")
     ax.set_title(
         "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
-        + "".join(f"one peak lr only: {', '.join(single)}\n" for single in [one_rate(studies)] if single)
+        + (f"one peak lr only: {', '.join(single)}\n" if single else "")
         + textwrap.fill(what, 85),
         fontsize=10,
     )
