@@ -75,8 +75,8 @@ def run_all(study, data_dir, recorded, on_finished=None):
                 on_finished()
     if runner.stopping:
         raise SystemExit(130)
-    if errors:
-        raise SystemExit(f"quality.py: error: {errors[0]}")
+    if errors:  # every run that could not train, one line each: the others trained meanwhile
+        raise SystemExit("\n".join(f"quality.py: error: {error}" for error in errors))
 
 
 class Runner:

@@ -334,6 +334,31 @@ def _recording_runner(trained, then=lambda config, seed: None):
     return Runner
 
 
+def test_runs_that_cannot_train_are_each_named_and_keep_no_other_run_from_training(tmp_path, monkeypatch):
+    """Two run folders refused (started with other settings): every other run of the study still
+    trains, and the error names both folders, one line each, not only the first."""
+    quality, data, args = _sweep(tmp_path, "--variants", "pre-ln,admin")
+    trained = []
+
+    class Runner(_recording_runner(trained)):
+        def run(self, config, seed):
+            super().run(config, seed)
+            if config.variant == "pre-ln":
+                return f"{args.run_folder(config, seed)} was started with other settings: choose another --out"
+
+    monkeypatch.setattr(supervise, "Runner", Runner)
+    with pytest.raises(SystemExit) as stopped:
+        supervise.run_all(args, data, {})
+    assert sorted(trained) == sorted((config.label, 1) for config in args.configs)
+    lines = str(stopped.value).splitlines()
+    assert sorted(lines) == sorted(
+        f"quality.py: error: {args.run_folder(config, 1)} was started with other settings: choose another --out"
+        for config in args.configs
+        if config.variant == "pre-ln"
+    )
+    assert len(lines) == 2
+
+
 def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, monkeypatch):
     """--best-seeds 2,3 --best-variants pre-ln,admin: with every seed-1 run of the sweep recorded,
     only those two variants train further seeds, each at its best rate on validation BLEU, and
