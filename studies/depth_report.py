@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.repo import MULTI30K, REPO, repo_relative  # noqa: E402
 from studies import scoring, tables  # noqa: E402
+from studies.figures import variant_colours  # noqa: E402
 from studies.study import compared_runs, is_sweep, scored_sets
 from studies.study import load as load_study  # noqa: E402
 
@@ -280,7 +281,7 @@ def depth_figure(studies, test_name, path, what):
     import matplotlib.pyplot as plt
 
     variants = list(dict.fromkeys(v for study in studies for v in study["settings"]["variants"]))
-    colours = dict(zip(variants, plt.get_cmap("tab10").colors))  # the sweep figures' colours
+    colours = variant_colours(variants)
     single = one_rate(studies)
     fig, ax = plt.subplots(figsize=(8, 6))
     for variant, trained, label in figure_lines(studies, test_name):
@@ -330,7 +331,7 @@ def curves_figure(study, path, what):
     import matplotlib.pyplot as plt
 
     variants = list(dict.fromkeys(r["variant"] for r in study["compared"]))
-    colours = dict(zip(variants, plt.get_cmap("tab10").colors))
+    colours = variant_colours(variants)  # the depth figure's: the two are read side by side
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for variant in variants:
         for i, run in enumerate(r for r in study["compared"] if r["variant"] == variant and r.get("valid_curve")):

@@ -9,6 +9,19 @@ from studies.scoring import primary
 
 quiet_logging()  # matplotlib's line for every font lookup
 
+# the learning-rate sweep's variants in the order its figures coloured them, then DeepNorm (issue 69)
+COLOUR_ORDER = ("post-ln", "pre-ln", "admin", "realformer", "post-ln-realformer", "deepnorm")
+
+
+def variant_colours(variants):
+    """Each variant's colour, the same whatever else a figure draws (tab10 in COLOUR_ORDER, then
+    any other variant in the order given), so that figures set side by side agree."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"].colors
+    ordered = list(dict.fromkeys([*COLOUR_ORDER, *variants]))
+    return {variant: palette[ordered.index(variant) % len(palette)] for variant in variants}
+
 
 def figures(runs, labels, folder, stem, what):
     """Two PNGs: validation loss against updates (seeds as a band), and test sacreBLEU per variant."""

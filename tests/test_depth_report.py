@@ -6,6 +6,8 @@ import json
 import statistics
 from pathlib import Path
 
+from studies.figures import variant_colours
+
 from .cli import STUDIES, load_script
 from .helpers import REPO
 
@@ -209,6 +211,17 @@ def test_the_figure_says_which_dots_are_at_the_one_rate_a_variant_ran(tmp_path):
     probe_path = _study(tmp_path / "b", 4, {"deepnorm": {1: 35.7}})
     group = [(depth_report.load(path, tmp_path), path) for path in (sweep_path, probe_path)]
     assert depth_report.one_rate([depth_report.same_depth(group)]) == ["deepnorm at 4+4 (0.002)"]
+
+
+def test_a_variant_has_one_colour_in_every_depth_figure_whatever_else_it_draws():
+    """The depth figure draws the sweep's five variants and DeepNorm, the 18+18 curves four of them
+    in another order: read side by side, each variant must be the same colour in both."""
+    depth = variant_colours(["post-ln", "pre-ln", "admin", "realformer", "post-ln-realformer", "deepnorm"])
+    curves = variant_colours(["admin", "realformer", "pre-ln", "deepnorm"])
+    assert all(curves[variant] == depth[variant] for variant in curves)
+    assert len(set(depth.values())) == len(depth), "two variants share a colour"
+    other = variant_colours(["rezero", "admin"])  # a variant outside the sweep takes a colour none of it uses
+    assert other["admin"] == depth["admin"] and other["rezero"] not in depth.values()
 
 
 def test_the_deepest_depths_validation_curves_are_drawn_for_every_run(tmp_path, capsys):
