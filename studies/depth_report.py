@@ -239,23 +239,32 @@ def across_depths(studies, test_name):
 
 
 def figure_lines(studies, test_name):
-    """Per variant, in the studies' order: [(depth, its seeds' test sacreBLEU), ...] at the depths
-    where it trained (mean above FAILED_BLEU), and its legend label, which names the depths where it
-    did not. A variant that trained at no depth is still named (DeepNorm, when it had run at 18+18 only)."""
+    """Per variant, in the studies' order: [(depth, its trained seeds' test sacreBLEU, whether every
+    seed trained), ...] and its legend label. A seed below FAILED_BLEU did not train: drawn, it
+    would squash every other dot against the top of the axis, so the label names it (with the mean
+    over all seeds), and a depth's mean is drawn and joined only where every seed trained. A variant
+    that trained at no depth is still named (DeepNorm, when it had run at 18+18 only)."""
     lines = []
     for variant in dict.fromkeys(v for study in studies for v in study["settings"]["variants"]):
-        trained, failed = [], []
+        trained, failed, partly = [], [], []
         for study in studies:
             found = scores(study, variant, test_name)
             if not found:
                 continue
-            if statistics.mean(found) < FAILED_BLEU:
-                failed.append(f"{study['layers']}+{study['layers']}: {statistics.mean(found):.1f}")
-            else:
-                trained.append((study["layers"], found))
+            depth, kept = f"{study['layers']}+{study['layers']}", [s for s in found if s >= FAILED_BLEU]
+            if not kept:
+                failed.append(f"{depth}: {statistics.mean(found):.1f}")
+                continue
+            trained.append((study["layers"], kept, len(kept) == len(found)))
+            if len(kept) < len(found):
+                lost = " and ".join(f"{s:.1f}" for s in found if s < FAILED_BLEU)
+                partly.append(
+                    f"at {depth}, {len(found) - len(kept)} of {len(found)} seeds did not train: {lost} BLEU, not"
+                    f" drawn; mean of all {len(found)}: {statistics.mean(found):.1f}"
+                )
+        notes = ([f"not drawn at {'; '.join(failed)} BLEU: it did not train"] if failed else []) + partly
         if trained or failed:
-            label = variant + (f" (not drawn at {'; '.join(failed)} BLEU: it did not train)" if failed else "")
-            lines.append((variant, trained, label))
+            lines.append((variant, trained, variant + (f" ({'; '.join(notes)})" if notes else "")))
     return lines
 
 
@@ -274,7 +283,7 @@ def one_rate(studies):
 
 def depth_figure(studies, test_name, path, what):
     """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
-    line, at the depths where it trained; the legend names the others (figure_lines)."""
+    line, at the depths where it trained; the legend names the seeds that did not (figure_lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,10 +296,11 @@ def depth_figure(studies, test_name, path, what):
     for variant, trained, label in figure_lines(studies, test_name):
         i = variants.index(variant)
         shift = (i - (len(variants) - 1) / 2) * 0.3  # side by side at each depth: the seeds stay apart
-        for layers, found in trained:
+        for layers, found, _ in trained:
             ax.scatter([layers + shift] * len(found), found, color=colours[variant], s=18, alpha=0.7, zorder=3)
-        depths = [layers + shift for layers, _ in trained]
-        means = [statistics.mean(found) for _, found in trained]
+        whole = [(layers, found) for layers, found, every_seed in trained if every_seed]  # means of trained seeds only
+        depths = [layers + shift for layers, _ in whole]
+        means = [statistics.mean(found) for _, found in whole]
         # a variant that trained nowhere plots nothing here, but still gets its legend entry
         ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=label)
     ticks = [study["layers"] for study in studies]
@@ -299,7 +309,7 @@ def depth_figure(studies, test_name, path, what):
     ax.set_ylabel(f"test sacreBLEU ({test_name})")
     ax.set_title(
         "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
-        + (f"one peak lr only: {', '.join(single)}\n" if single else "")
+        + (textwrap.fill(f"one peak lr only: {', '.join(single)}", 85) + "\n" if single else "")
         + textwrap.fill(what, 85),
         fontsize=10,
     )

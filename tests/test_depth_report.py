@@ -192,10 +192,28 @@ def test_the_figure_names_a_variant_that_trained_at_no_depth(tmp_path):
         depth_report.load(_study(tmp_path / str(n), n, bleu), tmp_path) for n, bleu in ((4, shallow), (18, deep))
     ]
     assert depth_report.figure_lines(studies, TEST_SET) == [
-        ("post-ln", [(4, [36.0, 37.0])], "post-ln (not drawn at 18+18: 2.0 BLEU: it did not train)"),
-        ("admin", [(4, [37.0, 38.0]), (18, [35.0, 34.0])], "admin"),
+        ("post-ln", [(4, [36.0, 37.0], True)], "post-ln (not drawn at 18+18: 2.0 BLEU: it did not train)"),
+        ("admin", [(4, [37.0, 38.0], True), (18, [35.0, 34.0], True)], "admin"),
         ("deepnorm", [], "deepnorm (not drawn at 18+18: 2.3 BLEU: it did not train)"),
     ]
+    assert depth_report.depth_figure(studies, TEST_SET, tmp_path / "depth.png", "m").stat().st_size > 10_000
+
+
+def test_a_seed_that_did_not_train_is_named_not_drawn_nor_averaged_into_the_drawn_mean(tmp_path):
+    """DeepNorm at 18+18 (issue 69): two seeds fail to learn, one trains. The trained seed is drawn;
+    the failed two are named in the legend with the mean over all three, and no mean is drawn at
+    that depth (a mean of 2 and 34 stands for no run), while its 4+4 mean still is."""
+    depth_report = load_script("depth_report", STUDIES)
+    shallow = {"admin": {1: 37.0, 2: 38.0}, "deepnorm": {1: 35.0, 2: 36.0}}
+    deep = {"admin": {1: 35.0, 2: 34.0, 3: 36.0}, "deepnorm": {1: 2.35, 2: 1.56, 3: 34.0}}
+    studies = [
+        depth_report.load(_study(tmp_path / str(n), n, bleu), tmp_path) for n, bleu in ((4, shallow), (18, deep))
+    ]
+    assert depth_report.figure_lines(studies, TEST_SET)[1] == (
+        "deepnorm",
+        [(4, [35.0, 36.0], True), (18, [34.0], False)],
+        "deepnorm (at 18+18, 2 of 3 seeds did not train: 2.4 and 1.6 BLEU, not drawn; mean of all 3: 12.6)",
+    )
     assert depth_report.depth_figure(studies, TEST_SET, tmp_path / "depth.png", "m").stat().st_size > 10_000
 
 
