@@ -292,7 +292,7 @@ def depth_figure(studies, test_name, path, what):
     variants = list(dict.fromkeys(v for study in studies for v in study["settings"]["variants"]))
     colours = variant_colours(variants)
     single = one_rate(studies)
-    fig, ax = plt.subplots(figsize=(8, 6))
+    fig, ax = plt.subplots(figsize=(8, 6.5))
     for variant, trained, label in figure_lines(studies, test_name):
         i = variants.index(variant)
         shift = (i - (len(variants) - 1) / 2) * 0.3  # side by side at each depth: the seeds stay apart
@@ -302,7 +302,7 @@ def depth_figure(studies, test_name, path, what):
         depths = [layers + shift for layers, _ in whole]
         means = [statistics.mean(found) for _, found in whole]
         # a variant that trained nowhere plots nothing here, but still gets its legend entry
-        ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=label)
+        ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=textwrap.fill(label, 60))
     ticks = [study["layers"] for study in studies]
     ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
     ax.set_xlabel("layers in each of the encoder and the decoder")
@@ -314,7 +314,7 @@ def depth_figure(studies, test_name, path, what):
         fontsize=10,
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: off the seeds' dots
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2)  # below: off the seeds' dots
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
