@@ -8,8 +8,9 @@ adds residual attention on all three paths with the running mean, so the rows di
 what their names say. "realformer-value-residual" adds ResFormer's value residual (λ = ½) on all
 three paths; "resi-dual" is the ResiDual backbone, "resi-dual-realformer" the same with residual
 attention. "post-ln-realformer" is residual attention (running mean, all paths) on Post-LN, the
-paper's BERT form. "admin-radam" also sets the optimizer and drops the learning-rate warm-up (RAdam's
-claim): its flags go after a recipe's own training flags, so that they win.
+paper's BERT form; "pre-ln-realformer" the same on Pre-LN, the backbone a user picks for depth.
+"admin-radam" also sets the optimizer and drops the learning-rate warm-up (RAdam's claim): its
+flags go after a recipe's own training flags, so that they win.
 
 Shell scripts read a variant's flags, one per line, without importing fairseq:
 
@@ -31,6 +32,8 @@ VARIANTS = {
     "realformer-sum": ("--residual-attention-paths", "all", "--residual-attention-mode", "sum", *_ADMIN_PROFILED),
     # the RealFormer paper's BERT form (and x-transformers' default): residual attention on Post-LN
     "post-ln-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "post-ln"),
+    # residual attention on Pre-LN: the RealFormer paper's footnote 3 says it "potentially" works
+    "pre-ln-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "pre-ln"),
     "rezero": (*_NO_RESIDUAL_ATTENTION, "--backbone", "rezero"),
     "rezero-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "rezero"),
     "t-fixup": (*_NO_RESIDUAL_ATTENTION, "--backbone", "t-fixup"),

@@ -17,12 +17,16 @@
 #      deepnorm at 18+18, lr 2e-3 and 4e-3, seed 1, and the rate beyond the better one's edge (1e-3
 #      or 8e-3, --widen); then seeds 2 and 3 of each at its best of the three.
 #      Always float32, as the committed 18+18 study: studies/lr_depth_study.sh --stages 5
+#   6. residual attention on Pre-LN (issue 86): pre-ln-realformer at 18+18, lr 2e-3, 1e-3 and 4e-3,
+#      seed 1 (--widen), then seeds 2-5 at its best; and seeds 4 and 5 of pre-ln at its rate (2e-3),
+#      into the committed pre-ln/deepnorm study. Float32, as stage 5:
+#      studies/lr_depth_study.sh --stages 6 --jobs 1
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 # --jobs 1 trains one run at a time on every core: on 2 cores an 18+18 run then takes 100 minutes
 # with its scoring (~1,550 tokens/s, against ~900 for each of two side by side), so it finishes
 # within a session even where the next session starts from a fresh checkout without runs/.
 #
-#   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5]
+#   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5,6]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 precision=bf16 jobs=2 out=$root/runs machine= stages=1,2,3,4
@@ -90,6 +94,19 @@ nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --wid
 first=$!
 sleep 60
 nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 2e-3,4e-3 --widen --best-seeds 2,3 --variants pre-ln,deepnorm \
+  --json "$results/cpu-quality-depth-18-pre-ln-deepnorm-multi30k-en-de.json"
+wait "$first"
+fi
+if stage 6; then
+say "6/6 residual attention on Pre-LN at 18+18 in $out/depth-18: pre-ln-realformer's rate and seeds, pre-ln's seeds 4, 5"
+depth18=(--preset cpu --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
+# 2e-3 first: the rate of every other 18+18 variant but deepnorm, compared first
+nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 2e-3,1e-3,4e-3 --widen --best-seeds 2,3,4,5 \
+  --variants pre-ln-realformer --json "$results/cpu-quality-depth-18-pre-ln-realformer-multi30k-en-de.json" &
+first=$!
+sleep 60
+nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 2e-3,4e-3 --widen --best-seeds 2,3,4,5 \
+  --best-variants pre-ln --variants pre-ln,deepnorm \
   --json "$results/cpu-quality-depth-18-pre-ln-deepnorm-multi30k-en-de.json"
 wait "$first"
 fi

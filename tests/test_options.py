@@ -120,6 +120,7 @@ VARIANT_OPTIONS = {
     "realformer": (ALL, True, "admin", "profile"),
     "realformer-sum": (ALL, False, "admin", "profile"),
     "post-ln-realformer": (ALL, True, "post-ln", "closed-form"),
+    "pre-ln-realformer": (ALL, True, "pre-ln", "closed-form"),
     "rezero": (NONE, True, "rezero", "closed-form"),
     "rezero-realformer": (ALL, True, "rezero", "closed-form"),
     "t-fixup": (NONE, True, "t-fixup", "closed-form"),
