@@ -12,19 +12,25 @@ checkpoint allow-list  checkpoint_utils                  fairseq checkpoints loa
 ADMIN after loading    checkpoint_utils.load_checkpoint  ADMIN's ω set from data in
                                                          fairseq-train before the optimizer
                                                          exists (``--admin-init profile``)
+fast update            trainer.Trainer._build_optimizer  the optimizer step, gradient norm
+                                                         and --fp16 copies as multi-tensor
+                                                         ops, the same numbers (``fast_update``;
+                                                         off with ``--fairseq-update``)
 =====================  ================================  =====================================
 
 Each replaces one attribute that fairseq's own callers look up at call time (``patching``).
 Loaded, these change nothing for fairseq's own models: a stock ``transformer``'s checkpoints load
-as they do with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, and its ``load_checkpoint`` result comes
-back as it is.
+as they do with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, its ``load_checkpoint`` result comes back
+as it is, and its optimizer is fairseq's.
 """
 
 import functools
+import types
 
+import fairseq.utils
 from fairseq import checkpoint_utils
 
-from . import checkpoints
+from . import checkpoints, fast_update
 from .models.realformer import RealformerModel
 from .modules import admin
 from .patching import patch
@@ -45,6 +51,9 @@ def install() -> None:
     )
     patch(checkpoint_utils, "load_ema_from_checkpoint", _guarded_ema_loader, call_sites=[EMA.__init__])
     patch(checkpoint_utils, "load_checkpoint", _initialize_admin_after_loading, call_sites=[fairseq_cli.train.main])
+    patch(
+        fairseq.trainer.Trainer, "_build_optimizer", _fast_update, call_sites=[fairseq.trainer.Trainer.optimizer.fget]
+    )
 
 
 def _guarded_ema_loader(load_ema_from_checkpoint):
@@ -79,6 +88,28 @@ def _initialize_admin_after_loading(load_checkpoint):
         return extra_state, epoch_itr
 
     return load_checkpoint_then_initialize_admin
+
+
+def _fast_update(build_optimizer):
+    """Give the optimizer fairseq-train builds for a plugin model the fast update
+    (``fast_update.install``: one multi-tensor op per line of the optimizer's formula, the same
+    numbers), unless ``--fairseq-update``.
+
+    Call site: ``Trainer.optimizer`` builds the optimizer on first use (also before loading a
+    checkpoint's optimizer state, which then loads into the fast one).
+
+    A stock ``transformer`` run: nothing; only a ``RealformerModel``'s trainer is changed."""
+
+    @functools.wraps(build_optimizer)
+    def build_optimizer_with_fast_update(trainer):
+        build_optimizer(trainer)
+        model = trainer.get_model()
+        if isinstance(model, RealformerModel) and model.options.fast_update:
+            fast_update.install(trainer._optimizer)
+            if fairseq.utils.xm is None:  # with torch_xla, fairseq seeds its generator too: fairseq's
+                trainer._set_seed = types.MethodType(fast_update.seed_without_snapshot, trainer)
+
+    return build_optimizer_with_fast_update
 
 
 def _first_batch_of_this_rank(trainer, epoch_itr):

@@ -103,6 +103,15 @@ FLAGS = (
         "forward per layer kind, compiled at the first batches; validation, decoding and ADMIN's "
         "profiling run eager). Off by default: slower on CPUs; see docs/usage.md for GPUs",
     ),
+    Flag(
+        "--fairseq-update",
+        False,
+        switch=True,
+        model_defining=False,
+        help="step the optimizer, the gradient norm and --fp16's copies with fairseq's own code, one "
+        "tensor at a time. Off by default: the plugin's models take one multi-tensor op per step of "
+        "each, the same numbers (docs/usage.md)",
+    ),
 )
 
 # Flags that are gone, each with what to do instead: refused in one line on a command line;
@@ -217,6 +226,7 @@ class RealformerOptions:
     value_paths: FrozenSet[str] = frozenset()  # paths with value residual
     value_mix: str = "half"
     compile_layers: bool = False  # training steps through compiled layers (modules/compiled.py)
+    fast_update: bool = True  # fairseq-train's update as multi-tensor ops (fast_update.py)
 
     @property
     def normalize_before(self) -> bool:
@@ -258,6 +268,7 @@ class RealformerOptions:
             value_paths=parse_paths(args.value_residual_paths, "--value-residual-paths"),
             value_mix=args.value_residual_mix,
             compile_layers=bool(args.compile_layers),
+            fast_update=not args.fairseq_update,
         )
         options._check_against(args)
         return options
