@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-from common.host import cpu_model  # noqa: E402
-from common.repo import quiet_logging  # noqa: E402
+from common.host import cpu_model
+from common.repo import quiet_logging
 from fairseq_realformer.analysis import cli
 from fairseq_realformer.analysis.measure import measure
 

@@ -43,10 +43,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-from common.host import host  # noqa: E402
-from common.presets import PRESETS  # noqa: E402
-from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV  # noqa: E402
-from common.repo import header as result_header  # noqa: E402
+from common.host import host
+from common.presets import PRESETS
+from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV
+from common.repo import header as result_header
 
 SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
 MODELS = {

@@ -156,7 +156,7 @@ def run(
         cost a lent GPU's run the others; it is kept as a skip with the error."""
         try:
             return measure()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             first_line = (str(e).strip().splitlines() or [""])[0][:300]
             skip(what, variant, cell, f"failed: {type(e).__name__}: {first_line}")
             return None

@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-from common import fairseq_log  # noqa: E402
-from common.host import host  # noqa: E402
-from common.presets import PRESETS  # noqa: E402
-from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, write_result  # noqa: E402
+from common import fairseq_log
+from common.host import host
+from common.presets import PRESETS
+from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, write_result
 
 TINY = (
     "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "

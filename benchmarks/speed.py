@@ -55,13 +55,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-from bench import BASELINE, COMPILED, DTYPES, SIZES, VARIANTS, Bench, known_variant, timed  # noqa: E402
-from budget import Budget, Cell, Expected, run  # noqa: E402
-from cuda_profile import cuda_kernels_of_a_training_step  # noqa: E402
-from memory import count_saved_activations, peak_memory, peak_memory_probe, saved_for_backward_bytes  # noqa: E402
-from speed_report import device_name, machine, report, short_table  # noqa: E402
+from bench import BASELINE, COMPILED, DTYPES, SIZES, VARIANTS, Bench, known_variant, timed
+from budget import Budget, Cell, Expected, run
+from cuda_profile import cuda_kernels_of_a_training_step
+from memory import count_saved_activations, peak_memory, peak_memory_probe, saved_for_backward_bytes
+from speed_report import device_name, machine, report, short_table
 
-from common.repo import import_fairseq_quietly, write_result  # noqa: E402
+from common.repo import import_fairseq_quietly, write_result
 
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
 COMPILE_GUESS_S = 120  # --compile-guess: a compiled variant's first step before any has compiled here

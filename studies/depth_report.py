@@ -30,11 +30,11 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
-from common.repo import MULTI30K, REPO, repo_relative  # noqa: E402
-from studies import scoring, tables  # noqa: E402
-from studies.figures import variant_colours  # noqa: E402
+from common.repo import MULTI30K, REPO, repo_relative
+from studies import scoring, tables
+from studies.figures import variant_colours
 from studies.study import compared_runs, is_sweep, scored_sets
-from studies.study import load as load_study  # noqa: E402
+from studies.study import load as load_study
 
 RESULTS = REPO / "studies" / "results"
 STUDIES = [

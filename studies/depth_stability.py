@@ -36,10 +36,10 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
-from common import fairseq_log, multi30k_args  # noqa: E402
-from common.host import host  # noqa: E402
-from common.repo import REPO, USER_DIR, VARIANTS, commit, import_fairseq_quietly  # noqa: E402
-from studies.divergence import divergence  # noqa: E402
+from common import fairseq_log, multi30k_args
+from common.host import host
+from common.repo import REPO, USER_DIR, VARIANTS, commit, import_fairseq_quietly
+from studies.divergence import divergence
 
 BIN = Path(sys.executable).parent
 # options that say where results go, not what is measured: a folder or table of other values still compares

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
-from studies import checkpoints  # noqa: E402
-from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load  # noqa: E402
+from studies import checkpoints
+from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load
 
 PROG = "dropout_gap.py"
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")

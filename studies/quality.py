@@ -43,13 +43,13 @@ from collections import namedtuple
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
-from common import multi30k_args  # noqa: E402
-from common.host import host  # noqa: E402
-from common.presets import PRESETS  # noqa: E402
-from common.repo import REPO, STOCK  # noqa: E402
-from studies import figures, recipe, scoring, supervise, tables  # noqa: E402
-from studies.runs import RunFolder  # noqa: E402
-from studies.study import Study, compared_runs, load  # noqa: E402
+from common import multi30k_args
+from common.host import host
+from common.presets import PRESETS
+from common.repo import REPO, STOCK
+from studies import figures, recipe, scoring, supervise, tables
+from studies.runs import RunFolder
+from studies.study import Study, compared_runs, load
 
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 # what the command asks of a study besides its settings: train nothing, and where to draw
@@ -230,7 +230,7 @@ def report_so_far(study, outputs, given, recorded):
     try:  # the tables are printed once, at the end (not by hiding stdout: the runs' threads print there)
         report(study, outputs, given, recorded, show=False)
         supervise.say(f"the finished runs so far are in {study.json}")
-    except (Exception, SystemExit) as e:  # noqa: BLE001
+    except (Exception, SystemExit) as e:
         supervise.say(f"the report so far failed ({e}); the runs go on")
 
 

@@ -31,10 +31,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
-from common.host import host  # noqa: E402
-from common.repo import commit, repo_relative  # noqa: E402
-from studies import checkpoints  # noqa: E402
-from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load  # noqa: E402
+from common.host import host
+from common.repo import commit, repo_relative
+from studies import checkpoints
+from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load
 
 PROG = "source_use.py"
 

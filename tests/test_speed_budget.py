@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import budget  # noqa: E402
+import budget
 
 VARIANTS = ["fairseq", "realformer+compiled", "realformer", "fairseq+compiled", "admin", "admin+compiled"]
 CELLS = [budget.Cell("6L-6L", 6, 30, 4096), budget.Cell("6L-6L", 6, 30, 16384), budget.Cell("18L-18L", 18, 30, 4096)]

@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench  # noqa: E402
-import cuda_profile  # noqa: E402
-import speed_report  # noqa: E402
+import bench
+import cuda_profile
+import speed_report
 
 
 def test_busy_time_is_the_union_of_kernel_spans():

@@ -3,5 +3,5 @@
 # The model registers first, then its architectures.
 # isort: off
 from .realformer import RealformerDecoder, RealformerEncoder, RealformerModel  # noqa: F401
-from . import archs  # noqa: F401,E402
+from . import archs  # noqa: F401
 # isort: on

@@ -44,7 +44,6 @@ class StackStream:
     branch f(x) (after dropout), and the stack outputs ``x + LN(stream)`` with the stack's
     LayerNorm (``layer_norm``), built with *layer_norm_eps*."""
 
-    formula: str
     layer_norm_eps: float
 
 
@@ -73,8 +72,7 @@ def join_sum(x: Tensor, residual: Tensor, weight) -> Tensor:
 # ADMIN's and ReZero's joins are one ``addcmul``: six kernels forward and backward, where an
 # autograd Function of its own takes four. But on a GPU at NMT batch sizes a step waits on the host,
 # and such a Function's Python forward and backward cost the host more than the kernels they save
-# (benchmarks/RESULTS.md, "bf16 mixed precision on a CPU"; measured by host_time.py, since deleted:
-# ``git show 173b1f8^:benchmarks/host_time.py``).
+# (benchmarks/RESULTS.md, "bf16 mixed precision on a CPU").
 
 
 def join_scaled_residual(x: Tensor, residual: Tensor, omega: Tensor) -> Tensor:
@@ -198,6 +196,6 @@ BACKBONES = {
         "after",
         join_sum,
         # eps as microsoft/ResiDual's stack LayerNorm
-        stack_stream=StackStream("d <- d + f(x), d_0 = the embedded input; output x + LN(d)", layer_norm_eps=1e-7),
+        stack_stream=StackStream(layer_norm_eps=1e-7),
     ),
 }

@@ -494,9 +494,8 @@ def _joins_projections(attention: MultiheadAttention) -> bool:
     modules' packed paths): in training under an autocast (``--bf16``), where it saves a cast of the
     input per projection. In float32 it saves none, and the host's time to concatenate the weights
     and lay out the result exceeds what the fewer operations save (benchmarks/RESULTS.md, "bf16
-    mixed precision on a CPU"; measured by host_time.py, ``git show 173b1f8^:benchmarks/host_time.py``).
-    Not in decoding, where concatenating the weights at every
-    step would cost more than it saves. Each projection needs a bias (fairseq's default; its packed
+    mixed precision on a CPU"). Not in decoding, where concatenating the weights at every step
+    would cost more than it saves. Each projection needs a bias (fairseq's default; its packed
     SDPA path concatenates them), and no hook may alter its weight in its own forward (fairseq's
     quant noise)."""
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
