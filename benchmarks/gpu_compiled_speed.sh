@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# Does --compile-layers make RealFormer train faster than fairseq's Transformer on a GPU? One
-# command for a lent GPU's few minutes, which answers that first and keeps its own time:
-#   1. benchmarks/speed.py --profile, bf16, with a budget of its share (benchmarks/budget.py): first
-#      fairseq (eager) and realformer+compiled at 6L-6L, length 30, ~4k target tokens, each in the
-#      JSON the moment it is measured, with its compile time and first step; then realformer eager,
-#      fairseq+compiled (fairseq's own layers compiled by hand), admin, admin+compiled; that cell's
-#      peak memory; then ~16k tokens, 18L-18L, length 100. A variant starts only if its expected
-#      time fits (its compile time seen so far; before any, a guess of 120 s); what did not fit is
-#      in the JSON's "skipped", with the reason.
-#   2. benchmarks/compiled_train.py in what is left: fairseq-train --bf16, realformer_wmt_en_de
-#      (6L-6L), 200 updates on the toy corpus, eager then compiled: words/s and the loss at the end.
+# Does RealFormer, with the fast update (its default) and --compile-layers, train faster than
+# fairseq's own Transformer in fairseq-train on a GPU? One command for a lent GPU's few minutes,
+# which answers that first and keeps its own time. Every measurement is benchmarks/train_update.py:
+# fairseq-train itself, one process a configuration, fairseq's `transformer` without --user-dir
+# (fairseq as its users have it); each run in its JSON the moment it ends; a run starts only if
+# its expected time (benchmarks/budget.py: compiling as seen so far, before any 120 s) fits, and
+# what does not is in the JSON's "skipped" with the reason. Every run: 200 updates on the toy
+# corpus, --clip-norm 1.0, words/s = the median of fairseq's wps over the 10-update intervals
+# after update 50 (cuDNN attention's first batch shapes are slow), ATen ops and host ms per phase
+# of an update (updates 4-5 counted), the loss after update 200, peak GPU memory.
+#   1. gpu-train-update-fp16.json: 6L-6L d=512, ~4k target tokens an update, --fp16 (the WMT'14
+#      recipe's precision): fairseq, then realformer+compiled (the question); then fairseq's other
+#      ways, whose fastest is fairseq's best: cuDNN attention off
+#      (torch.backends.cuda.enable_cudnn_sdp(False), set by the runner), float32, float32 with
+#      cuDNN attention off; then realformer eager (the fast update alone) and
+#      realformer --fairseq-update (fairseq's per-tensor update: the same loss after 200 updates).
+#   2. gpu-train-update-18L.json, in what is left: 18L-18L d=512, ~16k tokens: fairseq float32,
+#      realformer+compiled --bf16 (the plugin's autocast; fairseq's own --bf16 needs a TPU),
+#      realformer+compiled float32, fairseq --fp16 with cuDNN attention off, realformer --bf16.
 #
-# The plan, from one H200's times (2026-11-28, benchmarks/RESULTS.md "Compiled layers"): machine
-# start ~30 s, wheels 15 s, imports 10 s; realformer+compiled's first step 125 s (compiling 117 s),
-# fairseq+compiled's 105 s; any timing without compiling 2-10 s; memory in-process, seconds.
-#   first 3 minutes: fairseq and realformer+compiled at 6L-6L/30/~4k, realformer eager beside them;
-#   by 8 minutes (450 s): admin eager, the first cell's memory, then ~16k tokens and 18L-18L (the
-#     plugin's graphs take every shape); fairseq+compiled and admin+compiled (~150 s each expected)
-#     only with 600 s; compiled_train.py's ~130 s may end inside its compiled run's compiling.
+# The plan, from one H200's times (benchmarks/RESULTS.md: fairseq-train at 6L-6L d=512 made
+# ~50k words/s, so 200 updates ~15 s; the compiled RealFormer's first step 125 s, compiling 117 s):
+# machine start ~30 s (before this script), wheels 15 s, the toy corpus ~15 s, a fairseq-train
+# process ~15 s before its first update, an eager run ~35 s in all, a compiled one ~160 s.
+#   first 3 minutes: fairseq --fp16's words/s and ops; realformer+compiled still compiling (it
+#     ends near 4 minutes, with the question's answer);
+#   by 8 minutes (480 s): step 1 whole, fairseq's best among its four ways included (~7 minutes),
+#     then fairseq float32 at 18L-18L/~16k; the compiled bf16 and float32 runs there (~200 s each,
+#     cold compiles) need 600 s and more: at the default they are skipped, with the reason.
 #
 #   benchmarks/gpu_compiled_speed.sh --wheels                   # here, once: fairseq & co. for the device's Python 3.12 into .whl
-#   benchmarks/gpu_compiled_speed.sh [OUT_DIR] [SECONDS]        # on the GPU (default benchmarks/results, 450 s); carry .whl
-#   benchmarks/gpu_compiled_speed.sh --rehearse [OUT] [SECONDS] # the same steps on a CPU, tiny (default 360 s)
+#   benchmarks/gpu_compiled_speed.sh [OUT_DIR] [SECONDS]        # on the GPU (default benchmarks/results, 480 s); carry .whl
+#   benchmarks/gpu_compiled_speed.sh --rehearse [OUT] [SECONDS] # the same steps on a CPU, tiny, float32/bf16 (default 600 s)
+#   python benchmarks/train_update.py --summary OUT/gpu-train-update-fp16.json   # its tables again
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-$root/.venv/bin/python}
@@ -42,7 +53,7 @@ fi
 rehearse=0
 if [ "${1:-}" = --rehearse ]; then rehearse=1; shift; fi
 out=${1:-$root/benchmarks/results}
-total=${2:-$([ $rehearse = 1 ] && echo 360 || echo 450)}
+total=${2:-$([ $rehearse = 1 ] && echo 600 || echo 480)}
 mkdir -p "$out"
 start=$SECONDS
 if [ -d "$root/.whl" ] && ! "$py" -c "import fairseq" 2>/dev/null; then
@@ -52,30 +63,54 @@ if [ -d "$root/.whl" ] && ! "$py" -c "import fairseq" 2>/dev/null; then
   export PATH=/tmp/site/bin:$PATH  # fairseq-train
 fi
 export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+# one inductor cache for both steps: a compiled run reuses what an earlier one compiled for the
+# same width and precision (the layers' graphs take every depth and batch shape)
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
-# the question's pair first (speed.py measures fairseq, then the others in this order)
-variants=fairseq,realformer+compiled,realformer,fairseq+compiled,admin,admin+compiled
+work=${TRAIN_UPDATE_WORK:-/tmp/train-update}  # the toy corpus, binarised once, and every run's log
 if [ $rehearse = 1 ]; then
-  speed=(--device cpu --dtype fp32 --sizes 6L-6L --lengths 30 --tokens-per-batch 120 --steps 1 --repeats 1)
-  train=(--tiny --updates 20 --skip 10)
+  # one core of a CPU: tiny width, a few hundred tokens, float32 (a CPU has no --fp16); width 36,
+  # not 16: at 16, a length the toy corpus's sentences also have, the compiled layers compiled
+  # twice (10 graphs, not 5: benchmarks/RESULTS.md)
+  first=(--device cpu --precision fp32 --sizes 6L-6L:36 --tokens 512 --updates 16 --skip 8 --log-interval 2
+    --configs fairseq,realformer+compiled,realformer,realformer-fairseq-update)
+  second=(--device cpu --precision fp32 --sizes 18L-18L:36 --tokens 1024 --updates 16 --skip 8 --log-interval 2
+    --configs fairseq,realformer+compiled@bf16,realformer+compiled,realformer@bf16)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  speed=(--dtype bf16 --sizes 6L-6L,18L-18L --lengths 30,100 --tokens-per-batch 4096,16384 --steps 5 --repeats 3)
-  train=(--bf16 --updates 200 --skip 50)
+  first=(--device cuda --precision fp16 --sizes 6L-6L --tokens 4096 --updates 200 --skip 50 --log-interval 10
+    --configs fairseq,realformer+compiled,fairseq/cudnn-off,fairseq@fp32,fairseq@fp32/cudnn-off,realformer,realformer-fairseq-update)
+  second=(--device cuda --precision fp32 --sizes 18L-18L --tokens 16384 --updates 200 --skip 50 --log-interval 10
+    --configs fairseq,realformer+compiled@bf16,realformer+compiled,fairseq@fp16/cudnn-off,realformer@bf16)
 fi
 "$py" -c "import torch, fairseq; print('torch', torch.__version__, 'fairseq', fairseq.__version__)"
-# speed.py's share: 70 % of what is left; its budget keeps 20 s for starting and the report, and
-# the hard limit (timeout) 30 s beyond its share only stops an expectation gone badly wrong
-share=$(((total - (SECONDS - start)) * 7 / 10))
-say "1/2 speed.py ${speed[*]}, budget $((share - 20)) s: $variants"
-timeout $((share + 30)) "$py" "$root/benchmarks/speed.py" --variants "$variants" --profile --gen-sentences 0 \
-  --budget $((share - 20)) "${speed[@]}" --json "$out/gpu-speed-compiled.json" ||
-  say "speed.py stopped (exit $?): $out/gpu-speed-compiled.json holds what it measured"
+left() { echo $((total - (SECONDS - start))); }
 
-left=$((total - (SECONDS - start)))
-say "2/2 compiled_train.py ${train[*]} (at most $left s)"
-timeout "$((left > 10 ? left : 10))" "$py" "$root/benchmarks/compiled_train.py" "${train[@]}" --work /tmp/compiled-train \
-  --json "$out/gpu-compiled-train.json" || say "compiled_train.py stopped (exit $?): its JSON holds the runs it finished"
+# step 1 runs whatever the budget says for its first two (the question), then what fits; the hard
+# limit (timeout) 30 s beyond the budget only stops an expectation gone badly wrong
+budget=$(($(left) - 10))
+say "1/2 train_update.py ${first[*]}, budget $budget s"
+timeout $((budget + 30)) "$py" "$root/benchmarks/train_update.py" "${first[@]}" --budget "$budget" --work "$work" \
+  --json "$out/gpu-train-update-fp16.json" || say "step 1 stopped (exit $?): its JSON holds the runs it finished"
+
+# step 2 expects a compile as long as the longest step 1 saw (cold again: another precision)
+guess=$("$py" - "$out/gpu-train-update-fp16.json" <<'EOF' 2>/dev/null || echo 120
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+print(round(max([r.get("compile_s", 0) for r in runs] + [0]) or 120))
+EOF
+)
+budget=$(($(left) - 10))
+if [ "$budget" -gt 30 ]; then
+  say "2/2 train_update.py ${second[*]}, budget $budget s (compiling expected ${guess} s)"
+  timeout $((budget + 30)) "$py" "$root/benchmarks/train_update.py" "${second[@]}" --budget "$budget" --always 1 \
+    --compile-guess "$guess" --work "$work" --json "$out/gpu-train-update-18L.json" ||
+    say "step 2 stopped (exit $?): its JSON holds the runs it finished"
+else
+  say "2/2 skipped: $budget s left"
+fi
 
 say "done in $((SECONDS - start)) s: $out"
-"$py" "$root/benchmarks/speed.py" --summary "$out/gpu-speed-compiled.json" || true
+for json in "$out/gpu-train-update-fp16.json" "$out/gpu-train-update-18L.json"; do
+  [ -f "$json" ] && "$py" "$root/benchmarks/train_update.py" --summary "$json" || true
+done
