@@ -21,14 +21,8 @@ training run wrote, every hypothesis forced to 24 tokens (--min-len 24 --max-len
 untrained model would stop after one token, and a forced length makes both precisions decode the
 same steps.
 
---decode-only times the beam search alone, in one process, without data or training: each model
-with random weights (ω profiled on one random batch), a dictionary of Multi30k's size
-(DECODE_VOCAB), --gen-sentences random sources of 8-20 tokens (Multi30k's test sentences average
-12 words) translated as one batch (64: fairseq-generate's --batch-size above) with beam 5 by fairseq's SequenceGenerator, every hypothesis forced to 24
-tokens, --repeats times in float32 and under the bf16 autocast (``precision.autocast``, as
-fairseq-generate --bf16 runs), alternating and swapping the order each repeat, so that a busy
-machine slows both alike. It reports each precision's median sentences/s and the median (and
-range) of the per-repeat ratios bf16 / float32.
+--decode-only times the beam search alone, in one process, without data or training:
+benchmarks/bf16_decode_speed.py.
 """
 
 import argparse
@@ -56,7 +50,6 @@ MODELS = {
     "small-realformer": ("--arch", "realformer_iwslt_de_en", *SMALL, *VARIANTS["realformer"], "--max-tokens", "4096"),
 }
 TEST_SENTENCES = 1000  # test_2016_flickr
-DECODE_VOCAB = 7792  # the joint sentencepiece dictionary of Multi30k (examples/multi30k/run.sh), specials included
 GEN_LENGTH = 24  # every hypothesis: about a Multi30k sentence's length in pieces
 TRAIN = (
     "--user-dir",
@@ -80,7 +73,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--decode-only",
         action="store_true",
-        help="time beam decoding alone in this process, random weights and sources (see above); "
+        help="time beam decoding alone in this process, random weights and sources (bf16_decode_speed.py); "
         "--repeats, --gen-sentences and --threads apply",
     )
     p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
@@ -268,129 +261,6 @@ def report(results):
     return "\n".join(rows)
 
 
-def decode_sample(dictionary, sentences, seed=1):
-    """Random left-padded sources of 8-20 tokens (EOS last), as fairseq's collater shapes them."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(8, 21, (sentences,), generator=g)
-    src = torch.full((sentences, int(lengths.max())), dictionary.pad())
-    for i, n in enumerate(lengths.tolist()):
-        src[i, src.size(1) - n :] = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=g)
-        src[i, -1] = dictionary.eos()
-    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
-
-
-def build_for_decoding(model):
-    """*model* (a MODELS entry) with random weights, ω profiled on one random batch as speed.py's."""
-    import bench
-    import torch
-    from fairseq import options
-    from fairseq.data import Dictionary
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from fairseq_realformer.modules import admin
-
-    dictionary = Dictionary()
-    for i in range(DECODE_VOCAB - dictionary.nspecial):
-        dictionary.add_symbol(f"w{i}")
-    flags = ["/unused", "--user-dir", str(USER_DIR), *MODELS[model], "--share-all-embeddings", "--dropout", "0.3"]
-    cfg = options.parse_args_and_arch(options.get_training_parser(), flags)
-    task = type("Task", (), {"source_dictionary": dictionary, "target_dictionary": dictionary})
-    torch.manual_seed(0)
-    built = ARCH_MODEL_REGISTRY[cfg.arch].build_model(cfg, task)
-    admin.initialize(built, bench.batch(dictionary, 64, 16, "cpu", seed=5)["net_input"])  # nothing without ADMIN
-    return built.eval(), dictionary
-
-
-def decode_speed(args, model):
-    """Beam-5 sentences/s of *model* in float32 and under the bf16 autocast, alternating in this process."""
-    import contextlib
-
-    import torch
-    from fairseq.sequence_generator import SequenceGenerator
-
-    from fairseq_realformer import precision
-
-    built, dictionary = build_for_decoding(model)
-    sample = decode_sample(dictionary, args.gen_sentences)
-    generator = SequenceGenerator(
-        [built], dictionary, beam_size=5, max_len_a=0, max_len_b=GEN_LENGTH, min_len=GEN_LENGTH
-    )
-
-    def sentences_per_s(precision_name):
-        bf16 = precision_name == "bf16"
-        with torch.no_grad(), precision.autocast("cpu") if bf16 else contextlib.nullcontext():
-            start = time.perf_counter()
-            hypos = generator.forward(sample)
-            seconds = time.perf_counter() - start
-        assert all(len(h[0]["tokens"]) == GEN_LENGTH + 1 for h in hypos)  # the same steps: length + EOS
-        return args.gen_sentences / seconds
-
-    runs = {"fp32": [], "bf16": []}
-    for precision_name in runs:  # warm-up: allocator, lazy initialisation, the autocast's first casts
-        sentences_per_s(precision_name)
-    for repeat in range(args.repeats):
-        for precision_name in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):
-            runs[precision_name].append(sentences_per_s(precision_name))
-    ratios = [b / f for f, b in zip(runs["fp32"], runs["bf16"])]
-    print(
-        f"[bf16-speed {time.strftime('%H:%M:%S')}] {model}: bf16/fp32 {statistics.median(ratios):.3f} "
-        f"[{min(ratios):.3f}-{max(ratios):.3f}]",
-        flush=True,
-    )
-    return {
-        **{
-            name: {
-                "sentences_per_s": round(statistics.median(xs), 2),
-                "min": round(min(xs), 2),
-                "max": round(max(xs), 2),
-                "runs": [round(x, 2) for x in xs],
-            }
-            for name, xs in runs.items()
-        },
-        "ratio_paired": {
-            "median": round(statistics.median(ratios), 3),
-            "min": round(min(ratios), 3),
-            "max": round(max(ratios), 3),
-        },
-    }
-
-
-def report_decoding(results):
-    rows = [
-        "| model | beam-5 sentences/s fp32 | bf16 | bf16 / fp32, paired: median | range |",
-        "|---|---|---|---|---|",
-    ]
-    for model, r in results.items():
-        x = r["ratio_paired"]
-        rows.append(
-            f"| {model} | {r['fp32']['sentences_per_s']:.1f} | {r['bf16']['sentences_per_s']:.1f} | "
-            f"{x['median']:.2f} | {x['min']:.2f}-{x['max']:.2f} |"
-        )
-    return "\n".join(rows)
-
-
-def main_decode_only(args, argv):
-    import torch
-
-    torch.set_num_threads(args.threads)
-    results = {model: decode_speed(args, model) for model in args.models}
-    print(report_decoding(results), flush=True)
-    if args.json:
-        write_json(
-            args,
-            argv,
-            "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: random weights "
-            "and sources, every hypothesis forced to the same length (bf16_speed.py --decode-only)",
-            repeats=args.repeats,
-            gen_sentences=args.gen_sentences,
-            gen_length=GEN_LENGTH,
-            vocabulary=DECODE_VOCAB,
-            results=results,
-        )
-
-
 def write_json(args, argv, what, **fields):
     """The numbers in --json, after what was measured, the command and the machine."""
     import torch
@@ -409,7 +279,9 @@ def write_json(args, argv, what, **fields):
 def main(argv=None):
     args = parse_args(argv)
     if args.decode_only:
-        return main_decode_only(args, argv)
+        import bf16_decode_speed
+
+        return bf16_decode_speed.measure_all(args, argv)
     data = prepare(args)
     results = {model: measure(args, data, model) for model in args.models}
     print(report(results), flush=True)

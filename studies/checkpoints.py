@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from common.repo import USER_DIR, import_fairseq_quietly
+from studies.runs import RunFolder
 
 
 class InputError(Exception):
@@ -20,20 +21,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: %(default)s)")
 
 
-def checkpoints_of(path: Path, data, in_run_folder, named: str):
+def checkpoints_of(path: Path, data, average_only=False):
     """[(checkpoint file, data folder)] that *path* stands for: itself, a checkpoint file (with
-    --data), or a quality.py run folder's checkpoints, which *in_run_folder* lists from its
-    checkpoints/ folder (*named* says which, when there are none), on its bin/ unless --data."""
+    --data), or a quality.py run folder's kept checkpoints (RunFolder.checkpoints), on its bin/
+    unless --data."""
     if path.is_file():
         if data is None:
             raise InputError(f"{path}: a checkpoint file needs --data")
         return [(path, Path(data))]
     if not path.is_dir():
         raise InputError(f"{path}: no such run folder or checkpoint")
-    files = in_run_folder(path / "checkpoints")
+    run = RunFolder(path)
+    files = run.checkpoints(average_only)
     if not files:
-        raise InputError(f"{path}: no {named} in it")
-    return [(f, Path(data) if data else path / "bin") for f in files]
+        raise InputError(f"{path}: no {run.KEPT[average_only]} in it")
+    return [(f, Path(data) if data else run.bin) for f in files]
 
 
 def import_plugin() -> None:

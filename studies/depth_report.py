@@ -32,9 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.repo import MULTI30K, REPO, repo_relative
 from studies import scoring, tables
-from studies.figures import variant_colours
-from studies.study import compared_runs, is_sweep, scored_sets
-from studies.study import load as load_study
+from studies.figures import frame, save, variant_colours
+from studies.study import StudyRecord
 
 RESULTS = REPO / "studies" / "results"
 STUDIES = [
@@ -63,78 +62,39 @@ def parse_args(argv=None):
 
 
 def load(path, data):
-    """A study's JSON with its runs' scores pointing at the committed translations (hypotheses) and
-    the references, as scoring.comparisons reads them; None when the file is not there."""
-    if not Path(path).exists():
-        return None
-    study = load_study(path)
-    for run in study["runs"]:
-        for score in scored_sets(run).values():
-            reference = Path(score["reference"])
-            score["reference"] = str(reference if reference.exists() else Path(data) / reference.name)
-    study["layers"] = study["settings"]["layers"]
-    study["compared"] = compared_runs(study)  # each variant at its best rate
-    return study
+    """The StudyRecord of a study's JSON (references in *data* where not at the JSON's paths); None
+    when the file is not there."""
+    return StudyRecord.load(path, data) if Path(path).exists() else None
 
 
 def scores(study, variant, test_name):
     """The test sacreBLEU of *variant*'s seeds that finished at its best rate, seed order."""
     return [
         r["test_sets"][test_name]["sacrebleu"]
-        for r in study["compared"]
+        for r in study.compared
         if r["variant"] == variant and not r.get("diverged")
     ]
 
 
-def undecided(study):
-    """Per variant of a sweep that has runs in but no best rate yet (its seed-1 runs are not all in,
-    or, with --widen, its best is at an edge and the rate beyond it still trains): the rates in."""
-    if not is_sweep(study):
-        return {}
-    best = study.get("best", {})
-    rates = {}
-    for variant in study["settings"]["variants"]:
-        mine = sorted({r["lr"] for r in study["runs"] if r["variant"] == variant})
-        if variant not in best and mine:
-            rates[variant] = mine
-    return rates
-
-
-def missing_seeds(study):
-    """Per variant, the seeds its study's settings ask for at its best rate that are not in yet (a
-    variant whose rate is not chosen yet: said by undecided())."""
-    settings = study["settings"]
-    waiting = undecided(study)
-    missing = {}
-    for variant in settings["variants"]:
-        if variant in waiting:
-            continue
-        further = settings.get("best_seeds", []) if variant in settings.get("best_variants", [variant]) else []
-        present = {r["seed"] for r in study["compared"] if r["variant"] == variant}
-        wanted = [seed for seed in settings["seeds"] + further if seed not in present]
-        if wanted:
-            missing[variant] = wanted
-    return missing
-
-
 def same_depth(group):
-    """Studies of one depth, [(study, path), ...], as one: their runs side by side, their settings'
-    variants in order; each study's own settings stay in ``parts``."""
+    """Studies of one depth, [(study, path), ...], as one record: each variant's runs at its best
+    rate side by side, their settings' variants in order; each study stays in ``parts``."""
     first = group[0][0]
-    variants = list(dict.fromkeys(v for study, _ in group for v in study["settings"]["variants"]))
-    merged = {**first, "compared": [r for study, _ in group for r in study["compared"]], "parts": group}
-    merged["settings"] = {**first["settings"], "variants": variants}
+    variants = list(dict.fromkeys(v for study, _ in group for v in study.settings["variants"]))
+    settings = {**{k: v for k, v in first.settings.items() if k != "lrs"}, "variants": variants}  # no sweep now
+    merged = StudyRecord({**first.data, "settings": settings, "runs": [r for s, _ in group for r in s.compared]})
+    merged.parts = group
     return merged
 
 
 def rate_chosen(study):
     """How the study chose each variant's peak lr."""
-    settings = study["settings"]
-    if not is_sweep(study):
+    settings = study.settings
+    if not study.sweep:
         return f"{settings['lr']:g}, the only rate trained"
-    rates = ", ".join(f"{v} {lr:g}" for v, lr in study.get("best", {}).items()) or "none chosen yet"
+    rates = ", ".join(f"{v} {lr:g}" for v, lr in study.best.items()) or "none chosen yet"
     seeds = ", ".join(map(str, settings["seeds"]))
-    tried = ", ".join(f"{lr:g}" for lr in sorted({*settings["lrs"], *(r["lr"] for r in study["runs"])}))
+    tried = ", ".join(f"{lr:g}" for lr in sorted({*settings["lrs"], *(r["lr"] for r in study.runs)}))
     beyond = " and the rate beyond an edge (--widen)" if settings.get("widen") else ""
     return f"the best of {tried}{beyond} on validation BLEU (seed {seeds}): {rates}"
 
@@ -160,8 +120,8 @@ def depth_section(group):
     """One depth (one study, or several of the same depth): tables.table of each variant
     at its best rate, with scoring.PAIRS compared, and each variant's seeds."""
     study = same_depth(group)
-    layers = study["layers"]
-    runs = [r for r in study["compared"] if not r.get("diverged")]
+    layers = study.layers
+    runs = [r for r in study.compared if not r.get("diverged")]
     labels = list(dict.fromkeys(r["label"] for r in runs))
     chosen = "; ".join(f"`{repo_relative(path)}`; peak lr {rate_chosen(part)}" for part, path in group)
     title = f"### {layers}+{layers} layers, each variant at its best rate\n\n{chosen}."
@@ -180,21 +140,21 @@ def depth_section(group):
     ]
     if one_seed:
         lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
-    if any(len([r for r in runs if r["variant"] == v]) > 1 for v in study["settings"]["variants"]):
+    if any(len([r for r in runs if r["variant"] == v]) > 1 for v in study.settings["variants"]):
         lines += ["Seed by seed:", *per_seed_lines(runs, next(iter(runs[0]["test_sets"]))), ""]
-    waiting = {v: rates for part, _ in group for v, rates in undecided(part).items()}
+    waiting = {v: rates for part, _ in group for v, rates in part.undecided().items()}
     if waiting:
         lines.append(
             "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains): "
             + "; ".join(f"{v} (in: {', '.join(f'{lr:g}' for lr in rates)})" for v, rates in waiting.items())
             + "."
         )
-    missing = {v: seeds for part, _ in group for v, seeds in missing_seeds(part).items()}
+    missing = {v: seeds for part, _ in group for v, seeds in part.missing_seeds().items()}
     if missing:
         lines.append(
             "Seeds not in yet: " + "; ".join(f"{v} {', '.join(map(str, s))}" for v, s in missing.items()) + "."
         )
-    diverged = [r for r in study["compared"] if r.get("diverged")]
+    diverged = [r for r in study.compared if r.get("diverged")]
     if diverged:
         lines.append(
             "Diverged: "
@@ -209,13 +169,13 @@ def across_depths(studies, test_name):
     difference, and the permutation test where both have two seeds or more."""
 
     def with_seeds(study, variant):
-        rate = next(r["lr"] for r in study["compared"] if r["variant"] == variant)
+        rate = next(r["lr"] for r in study.compared if r["variant"] == variant)
         n = len(scores(study, variant, test_name))
         return f"{tables.cell(scores(study, variant, test_name))} (lr {rate:g}, {n} seed{'s' * (n > 1)})"
 
     lines = [f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth"]
     for index, base in enumerate(studies[:-1]):
-        name = f"{base['layers']}+{base['layers']}"
+        name = f"{base.layers}+{base.layers}"
         lines += [
             "",
             f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
@@ -225,14 +185,14 @@ def across_depths(studies, test_name):
             "|---|---|---|---|---|---|",
         ]
         for study in studies[index + 1 :]:
-            for variant in base["settings"]["variants"]:
+            for variant in base.settings["variants"]:
                 deep, shallow = scores(study, variant, test_name), scores(base, variant, test_name)
                 if not deep or not shallow:
                     continue
                 delta, p_value, splits = scoring.permutation_test(deep, shallow)
                 p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
                 lines.append(
-                    f"| {variant} | {study['layers']}+{study['layers']} | {with_seeds(study, variant)} "
+                    f"| {variant} | {study.layers}+{study.layers} | {with_seeds(study, variant)} "
                     f"| {with_seeds(base, variant)} | {delta:+.2f} | {p_cell} |"
                 )
     return "\n".join(lines)
@@ -245,17 +205,17 @@ def figure_lines(studies, test_name):
     over all seeds), and a depth's mean is drawn and joined only where every seed trained. A variant
     that trained at no depth is still named (DeepNorm, when it had run at 18+18 only)."""
     lines = []
-    for variant in dict.fromkeys(v for study in studies for v in study["settings"]["variants"]):
+    for variant in dict.fromkeys(v for study in studies for v in study.settings["variants"]):
         trained, failed, partly = [], [], []
         for study in studies:
             found = scores(study, variant, test_name)
             if not found:
                 continue
-            depth, kept = f"{study['layers']}+{study['layers']}", [s for s in found if s >= FAILED_BLEU]
+            depth, kept = f"{study.layers}+{study.layers}", [s for s in found if s >= FAILED_BLEU]
             if not kept:
                 failed.append(f"{depth}: {statistics.mean(found):.1f}")
                 continue
-            trained.append((study["layers"], kept, len(kept) == len(found)))
+            trained.append((study.layers, kept, len(kept) == len(found)))
             if len(kept) < len(found):
                 lost = " and ".join(f"{s:.1f}" for s in found if s < FAILED_BLEU)
                 partly.append(
@@ -273,26 +233,21 @@ def one_rate(studies):
     best rate (DeepNorm at 4+4, issue 69)."""
     found = []
     for merged in studies:
-        for study, _ in merged.get("parts", [(merged, None)]):  # a depth's studies, each with its own runs
-            for variant in study["settings"]["variants"]:
-                rates = {r["lr"] for r in study["runs"] if r["variant"] == variant}
+        for study, _ in getattr(merged, "parts", [(merged, None)]):  # a depth's studies, each with its own runs
+            for variant in study.settings["variants"]:
+                rates = {r["lr"] for r in study.runs if r["variant"] == variant}
                 if len(rates) == 1:
-                    found.append(f"{variant} at {study['layers']}+{study['layers']} ({rates.pop():g})")
+                    found.append(f"{variant} at {study.layers}+{study.layers} ({rates.pop():g})")
     return found
 
 
 def depth_figure(studies, test_name, path, what):
     """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
     line, at the depths where it trained; the legend names the seeds that did not (figure_lines)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    variants = list(dict.fromkeys(v for study in studies for v in study["settings"]["variants"]))
+    variants = list(dict.fromkeys(v for study in studies for v in study.settings["variants"]))
     colours = variant_colours(variants)
     single = one_rate(studies)
-    fig, ax = plt.subplots(figsize=(8, 6.5))
+    fig, ax = frame((8, 6.5))
     for variant, trained, label in figure_lines(studies, test_name):
         i = variants.index(variant)
         shift = (i - (len(variants) - 1) / 2) * 0.3  # side by side at each depth: the seeds stay apart
@@ -303,7 +258,7 @@ def depth_figure(studies, test_name, path, what):
         means = [statistics.mean(found) for _, found in whole]
         # a variant that trained nowhere plots nothing here, but still gets its legend entry
         ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=textwrap.fill(label, 60))
-    ticks = [study["layers"] for study in studies]
+    ticks = [study.layers for study in studies]
     ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
     ax.set_xlabel("layers in each of the encoder and the decoder")
     ax.set_ylabel(f"test sacreBLEU ({test_name})")
@@ -315,40 +270,31 @@ def depth_figure(studies, test_name, path, what):
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2)  # below: off the seeds' dots
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)
 
 
 def machines(what, studies):
     """*what* (the shallowest study's description, which ends in its machine) naming every study's
     machine, by depth, where the studies ran on more than one."""
-    named = list(dict.fromkeys(study.get("machine") for study in studies if study.get("machine")))
+    named = list(dict.fromkeys(study.machine for study in studies if study.machine))
     if len(named) < 2:
         return what
     what = what.replace(f"; {named[0]}", "")
-    return what + "; " + "; ".join(f"{s['layers']}+{s['layers']}: {s['machine']}" for s in studies if s.get("machine"))
+    return what + "; " + "; ".join(f"{s.layers}+{s.layers}: {s.machine}" for s in studies if s.machine)
 
 
 def curves_figure(study, path, what):
     """Every run's validation loss against updates at one depth, coloured by variant: which runs
     learned, and how alike a variant's seeds are."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    variants = list(dict.fromkeys(r["variant"] for r in study["compared"]))
+    variants = list(dict.fromkeys(r["variant"] for r in study.compared))
     colours = variant_colours(variants)  # the depth figure's: the two are read side by side
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = frame((8, 5.5))
     for variant in variants:
-        for i, run in enumerate(r for r in study["compared"] if r["variant"] == variant and r.get("valid_curve")):
+        for i, run in enumerate(r for r in study.compared if r["variant"] == variant and r.get("valid_curve")):
             updates, losses = zip(*run["valid_curve"])
             label = f"{variant} (lr {run['lr']:g})" if i == 0 else None
             ax.plot(updates, losses, "-", color=colours[variant], alpha=0.75, linewidth=1.2, label=label)
-    layers = study["layers"]
+    layers = study.layers
     ax.set_xlabel("updates")
     ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
     ax.set_title(
@@ -358,39 +304,33 @@ def curves_figure(study, path, what):
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
     loaded = [(load(path, args.data), path) for path in args.studies]
-    found = sorted(((s, p) for s, p in loaded if s is not None), key=lambda sp: sp[0]["layers"])
+    found = sorted(((s, p) for s, p in loaded if s is not None), key=lambda sp: sp[0].layers)
     blocks = ["## Depth: each variant at its best rate"]
     blocks += [f"Not there yet: `{repo_relative(p)}` (not reported)." for s, p in loaded if s is None]
     if not found:
         raise SystemExit("depth_report.py: error: none of the studies is there")
-    groups = [
-        [sp for sp in found if sp[0]["layers"] == layers] for layers in dict.fromkeys(s["layers"] for s, _ in found)
-    ]
+    groups = [[sp for sp in found if sp[0].layers == layers] for layers in dict.fromkeys(s.layers for s, _ in found)]
     studies = [same_depth(group) for group in groups]
-    test_name = next(iter(studies[0]["compared"][0]["test_sets"]))
+    test_name = next(iter(studies[0].compared[0]["test_sets"]))
     blocks += [depth_section(group) for group in groups]
     if len(studies) > 1:
         blocks.append(across_depths(studies, test_name))
     base = studies[0]
     # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
-    what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", base["what"])
-    what += "" if base["settings"].get("bf16") else "; float32"  # quality.py names bf16 only
+    what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", base.what)
+    what += "" if base.settings.get("bf16") else "; float32"  # quality.py names bf16 only
     what = machines(what, studies)
     figure = depth_figure(studies, test_name, args.figure, what)
     blocks.append(f"Figure: `{repo_relative(figure)}`.")
     if args.curves:
         deepest = studies[-1]
-        curves = curves_figure(deepest, args.curves, re.sub(r"^Multi30k ([^,]+), ", r"Multi30k \1, ", deepest["what"]))
+        curves = curves_figure(deepest, args.curves, re.sub(r"^Multi30k ([^,]+), ", r"Multi30k \1, ", deepest.what))
         blocks.append(f"Validation curves: `{repo_relative(curves)}`.")
     print("\n\n".join(blocks))
 

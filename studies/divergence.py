@@ -8,10 +8,8 @@ loss that never fell (a tiny two-epoch run) has not climbed back, and a run of o
 """
 
 import math
-from pathlib import Path
 
 from common import fairseq_log
-from studies.runs import read_lines
 
 _NAN_CRASH = "FloatingPointError: gradients are Nan/Inf"  # fairseq's trainer, on a non-finite gradient norm
 
@@ -47,13 +45,6 @@ def divergence(lines, crash_checkpoint=None):
         if kind == "train" and epoch == 1:
             first = loss
     return None
-
-
-def run_divergence(run_dir):
-    """divergence() of a study's run folder (its train.log and checkpoints/crash.pt)."""
-    train_log = Path(run_dir) / "train.log"
-    lines = read_lines(train_log) if train_log.exists() else []
-    return divergence(lines, Path(run_dir) / "checkpoints" / "crash.pt")
 
 
 def crashed_at(crash_checkpoint, last_logged_update):

@@ -18,16 +18,13 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
-from studies import checkpoints
-from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load
+from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load
 
 PROG = "dropout_gap.py"
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
 
 
 def parse_args(argv=None):
@@ -36,19 +33,6 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1, help="seed of the dropout masks (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the rows to FILE (studies/quality.py --dropout-gap)")
     return p.parse_args(argv)
-
-
-def checkpoints_of(path: Path, data):
-    """[(checkpoint file, data folder)] that *path* stands for: a run folder's epoch checkpoints in
-    epoch order, then its average."""
-
-    def in_epoch_order(folder):
-        epochs = sorted(
-            (int(m.group(1)), f) for f in folder.glob("checkpoint*.pt") if (m := EPOCH_CHECKPOINT.search(f.name))
-        )
-        return [f for _, f in epochs] + [f for f in [folder / "checkpoint_avg.pt"] if f.exists()]
-
-    return checkpoints.checkpoints_of(path, data, in_epoch_order, "checkpoints/checkpointN.pt or checkpoint_avg.pt")
 
 
 def loss_in_bits(model, task, criterion, subset: str, max_tokens: int, dropout: bool, seed: int) -> float:

@@ -1,8 +1,10 @@
 """A study's figures: validation loss against updates, test BLEU per seed, and a sweep's test BLEU
-against the learning rate."""
+against the learning rate; and what every study's figure shares (depth_report.py's, source_use.py's):
+its frame and saving, and each variant's colour."""
 
 import statistics
 import textwrap
+from pathlib import Path
 
 from common.repo import quiet_logging
 from studies.scoring import primary
@@ -23,18 +25,35 @@ def variant_colours(variants):
     return {variant: palette[ordered.index(variant) % len(palette)] for variant in variants}
 
 
-def figures(runs, labels, folder, stem, what):
-    """Two PNGs: validation loss against updates (seeds as a band), and test sacreBLEU per variant."""
+def frame(figsize, columns=1, **subplots):
+    """A figure of *columns* axes side by side, drawn off-screen: (figure, axes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folder.mkdir(parents=True, exist_ok=True)
+    return plt.subplots(1, columns, figsize=figsize, **subplots)
+
+
+def save(fig, path):
+    """*fig*, laid out, into the PNG *path* (its folder made); its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def figures(runs, labels, folder, stem, what):
+    """Two PNGs: validation loss against updates (seeds as a band), and test sacreBLEU per variant."""
     what = textwrap.fill(what, 85)  # the title's second line: what was measured on which data and machine
     present = [label for label in labels if any(r["label"] == label for r in runs)]
-    colours = dict(zip(present, plt.get_cmap("tab10").colors))
-    fig, ax = plt.subplots(figsize=(8, 5))
+    variant_of = {r["label"]: r["variant"] for r in runs}  # a sweep's label: its variant at its best rate
+    by_variant = variant_colours(list(dict.fromkeys(variant_of[label] for label in present)))
+    colours = {label: by_variant[variant_of[label]] for label in present}
+    fig, ax = frame((8, 5))
     tail = []
     for variant in present:
         curves = [r["valid_curve"] for r in runs if r["label"] == variant and r["valid_curve"]]
@@ -59,13 +78,10 @@ def figures(runs, labels, folder, stem, what):
     ax.set_title(f"Validation loss during training, mean over seeds (band: min–max)\n{what}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    paths = [folder / f"{stem}.valid-loss.png"]
-    fig.savefig(paths[0], dpi=120)
-    plt.close(fig)
+    paths = [save(fig, folder / f"{stem}.valid-loss.png")]
 
     names = list(runs[0]["test_sets"]) if runs else []
-    fig, axes = plt.subplots(1, len(names), figsize=(max(8, 1.5 * len(present)) * len(names), 4.8), squeeze=False)
+    fig, axes = frame((max(8, 1.5 * len(present)) * len(names), 4.8), len(names), squeeze=False)
     for ax, name in zip(axes[0], names):
         for i, variant in enumerate(present):
             scores = [primary(r["test_sets"][name]) for r in runs if r["label"] == variant]
@@ -78,11 +94,7 @@ def figures(runs, labels, folder, stem, what):
         ax.set_title(f"Test {metric} on {name}, each seed and the mean\n{what}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    paths.append(folder / f"{stem}.bleu.png")
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
-    return paths
+    return [*paths, save(fig, folder / f"{stem}.bleu.png")]
 
 
 def sweep_lines(studies, variants, test_name):
@@ -113,15 +125,9 @@ def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None, name=""):
     """Test sacreBLEU against the peak learning rate, one line per variant (the first seed), diverged
     runs marked on the axis; with *beside* (another sweep's runs and its name), its lines dashed and
     this sweep's named *name*."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
     test_name = next((list(r["test_sets"])[0] for r in runs if r["test_sets"]), None)
-    colours = dict(zip(variants, plt.get_cmap("tab10").colors))
-    fig, ax = plt.subplots(figsize=(8, 5.2))
+    colours = variant_colours(variants)
+    fig, ax = frame((8, 5.2))
     marked = False
     studies = [(runs, "-", name if beside else "")] + ([(beside[0], "--", beside[1])] if beside else [])
     for line in sweep_lines(studies, variants, test_name):
@@ -151,8 +157,4 @@ def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None, name=""):
     ax.set_title(f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(what, 85)}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = folder / f"{stem}.bleu-vs-lr.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, folder / f"{stem}.bleu-vs-lr.png")

@@ -31,13 +31,14 @@ resumes from its last epoch checkpoint, and the runs a --json file of the same s
 count as finished (a committed study goes on in a fresh checkout). Seed 1 of every variant runs
 first. --jobs N: N runs side by side, one thread each (on 2 cores, two make more tokens/s than
 one of two threads). A run that diverges (studies/divergence.py) is stopped at once, recorded
-with its update and never chosen as a best. --dropout-gap: every finished run's checkpoints are
-scored with dropout off and on (studies/dropout_gap.py): a deep Post-LN can learn with dropout
-on and break with it off. Folders: OUT/data (binarised once), OUT/VARIANT/seedS, with the flags
+with its update and never chosen as a best. --dropout-gap: each run's checkpoints are scored,
+once it has finished, with dropout off and on (studies/dropout_gap.py; --report-only scores
+none): a deep Post-LN can learn with dropout on and break with it off. Folders: OUT/data (binarised once), OUT/VARIANT/seedS, with the flags
 given in its name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
 """
 
 import argparse
+import dataclasses
 import sys
 from collections import namedtuple
 from pathlib import Path
@@ -48,8 +49,7 @@ from common.host import host
 from common.presets import PRESETS
 from common.repo import REPO, STOCK
 from studies import figures, recipe, scoring, supervise, tables
-from studies.runs import RunFolder
-from studies.study import Study, compared_runs, load
+from studies.study import Study, StudyRecord
 
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 # what the command asks of a study besides its settings: train nothing, and where to draw
@@ -209,7 +209,9 @@ def main(argv=None):
     study, outputs = parse_args(argv)
     # the flags, for the JSON's command: the one that trains the study (--report-only only reports it)
     given = [flag for flag in (sys.argv[1:] if argv is None else argv) if flag != "--report-only"]
-    recorded = study.recorded()
+    previous = study.previous()
+    study = dataclasses.replace(study, machine=study.machines(previous))
+    recorded = study.recorded(previous)
     if outputs.report_only:
         if not (study.out / "data" / "bin").exists() and not recorded:
             raise SystemExit(
@@ -235,17 +237,13 @@ def report_so_far(study, outputs, given, recorded):
 
 
 def report(study, outputs, given, recorded, show=True):
-    """The dropout gap of every finished run (--dropout-gap), the tables (*show*), the figures and
-    --json."""
-    if study.dropout_gap:
-        for run_dir in study.run_folders():
-            if RunFolder(run_dir).finished():
-                supervise.record_dropout_gap(study, run_dir)
+    """The tables (*show*), the figures and --json."""
     runs = study.collect(recorded)
     if not runs:
         raise SystemExit(f"quality.py: error: no finished run in {study.out} yet")
     best = {variant: config.lr for variant, config in study.best_configs(recorded).items()} if study.sweep else {}
-    compared = compared_runs({"settings": study.settings(), "runs": runs, "best": best})  # in a sweep: each at its best
+    record = StudyRecord({"settings": study.settings(), "runs": runs, "best": best})
+    compared = record.compared  # in a sweep: each variant at its best rate
     labels = [label for label in study.labels if any(r["label"] == label for r in compared)]
     found, across_seeds = scoring.comparisons(compared), scoring.seed_comparisons(compared)
     if study.sweep and show:
@@ -259,7 +257,7 @@ def report(study, outputs, given, recorded, show=True):
         if show:
             print("\n".join(f"[quality] figure: {path}" for path in paths))
     if study.json:
-        study.save(given, runs, best, found, across_seeds, show)
+        study.save(given, record, found, across_seeds, show)
 
 
 def draw(study, outputs, runs, compared, labels):
@@ -270,8 +268,8 @@ def draw(study, outputs, runs, compared, labels):
     if study.sweep:
         beside = None
         if outputs.beside:
-            other = load(outputs.beside)
-            beside = (other["runs"], "{0}+{0} layers".format(other["settings"]["layers"]))
+            other = StudyRecord.load(outputs.beside, study.data)
+            beside = (other.runs, "{0}+{0} layers".format(other.layers))
         depth = f"{study.layers}+{study.layers} layers"
         paths.append(
             figures.sweep_figure(runs, study.variants, study.lrs, folder, stem, study.describe(), beside, depth)

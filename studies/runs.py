@@ -18,6 +18,8 @@ The supervisor (supervise.py) writes, through this module:
   machine or session writes none: its time is read from train.log);
 - diverged.json: where the run diverged (divergence.py), when the supervisor stopped it there;
 - dropout_gap.json: its checkpoints' validation loss with dropout off and on (dropout_gap.py).
+
+The checkpoint diagnostics (dropout_gap.py, source_use.py) read its checkpoints/ and bin/ here too.
 """
 
 import datetime
@@ -29,6 +31,7 @@ import re
 from pathlib import Path
 
 from common import fairseq_log
+from studies.divergence import divergence
 
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")  # fairseq's log lines start with it
 _TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation
@@ -36,6 +39,8 @@ _STOPPED = {  # fairseq-train's own words for why it stopped, in its log
     "patience": "early stop since valid performance hasn't improved",
     "max-update": "Stopping training due to num_updates",
 }
+_EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
+_SCORES = {}  # (scores.json, its mtime and size, subset, language): RunFolder.scores, read once per process
 
 
 def read_lines(path):
@@ -46,8 +51,15 @@ def read_lines(path):
 class RunFolder:
     """A run's folder: its records, its scores and its training summary."""
 
+    # what checkpoints(average_only) lists, for an error
+    KEPT = {False: "checkpoints/checkpointN.pt or checkpoint_avg.pt", True: "checkpoints/checkpoint_avg.pt"}
+
     def __init__(self, path):
         self.path = Path(path)
+        self.bin = self.path / "bin"  # the study's binarised data (link_data)
+        self.recipe_log = self.path / "recipe.log"  # the recipe's output, every attempt appended
+        self.lock_file, self.command_file = self.path / "lock", self.path / "command"
+        self.dropout_gap_file = self.path / "dropout_gap.json"
 
     def __truediv__(self, name):
         return self.path / name
@@ -63,7 +75,7 @@ class RunFolder:
         """The folder's lock, held until the file is closed (or this process ends); None while
         another process holds it."""
         self.path.mkdir(parents=True, exist_ok=True)
-        handle = open(self / "lock", "w")
+        handle = open(self.lock_file, "w")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -73,12 +85,12 @@ class RunFolder:
 
     def link_data(self, data_dir):
         """bin -> the study's binarised data: the same data for every run."""
-        if not (self / "bin").exists():
-            (self / "bin").symlink_to(os.path.relpath(Path(data_dir) / "bin", self.path))
+        if not self.bin.exists():
+            self.bin.symlink_to(os.path.relpath(Path(data_dir) / "bin", self.path))
 
     def keep_command(self, arguments):
         """Record the recipe's *arguments*; False if the run started with other ones."""
-        record, text = self / "command", " ".join(arguments) + "\n"
+        record, text = self.command_file, " ".join(arguments) + "\n"
         if record.exists() and record.read_text() != text:
             return False
         record.write_text(text)
@@ -119,12 +131,33 @@ class RunFolder:
             self.finished_test_sets() is not None and (self / "score" / "val" / "scores.json").exists()
         )
 
+    def divergence(self):
+        """divergence.divergence() of its train.log, a NaN's update named by checkpoints/crash.pt."""
+        log = self / "train.log"
+        return divergence(read_lines(log) if log.exists() else [], self / "checkpoints" / "crash.pt")
+
+    def checkpoints(self, average_only=False):
+        """The kept checkpoints: the epoch ones (checkpoints/checkpointN.pt) in epoch order, then the
+        average the translations came from (checkpoint_avg.pt) if made; *average_only*: that one."""
+        folder = self / "checkpoints"
+        epochs = {int(m.group(1)): f for f in folder.glob("checkpoint*.pt") if (m := _EPOCH_CHECKPOINT.search(f.name))}
+        average = [f for f in [folder / "checkpoint_avg.pt"] if f.exists()]
+        return average if average_only else [epochs[e] for e in sorted(epochs)] + average
+
+    @staticmethod
+    def checkpoint_name(checkpoint):
+        """VARIANT-SUFFIX/seedS of a run folder's average, with the stem of any other checkpoint of
+        it ("post-ln/seed1 checkpoint3"); None for a checkpoint outside a run folder's checkpoints/."""
+        path = Path(checkpoint)
+        if len(path.parts) < 4 or path.parent.name != "checkpoints":
+            return None
+        return "/".join(path.parts[-4:-2]) + ("" if path.name == "checkpoint_avg.pt" else f" {path.stem}")
+
     def dropout_gap(self):
         """The dropout-gap record with checkpoint names, not local paths; None if it has none."""
-        record = self / "dropout_gap.json"
-        if not record.exists():
+        if not self.dropout_gap_file.exists():
             return None
-        gap = json.loads(record.read_text())
+        gap = json.loads(self.dropout_gap_file.read_text())
         for row in gap["rows"]:
             row["checkpoint"] = Path(row["checkpoint"]).name
         return gap
@@ -163,11 +196,21 @@ class RunFolder:
     def scores(self, name, subset, target_lang):
         """sacreBLEU (the recipe's, with signature), chrF and lowercased 13a BLEU of one scored set;
         for a run of the published recipe, the literature's BLEU, sacreBLEU and chrF
-        (case-insensitive), each signature naming its metric. *subset*: fairseq's name for it."""
+        (case-insensitive), each signature naming its metric. *subset*: fairseq's name for it. Scored
+        once per process (a run's loop reads its finished runs again and again), again when rescored."""
+        record = self / "score" / name / "scores.json"
+        stat = record.stat()
+        key = (str(record), stat.st_mtime_ns, stat.st_size, subset, target_lang)
+        if key not in _SCORES:
+            _SCORES[key] = self._scores(record, subset, target_lang)
+        return dict(_SCORES[key])  # a copy: a caller may change its paths
+
+    @staticmethod
+    def _scores(record, subset, target_lang):
         from sacrebleu.metrics import BLEU, CHRF
 
-        folder = self / "score" / name
-        scored = json.loads((folder / "scores.json").read_text())
+        folder = record.parent
+        scored = json.loads(record.read_text())
         hypotheses_path = folder / f"{subset}.hyp.{target_lang}"
         hypotheses, references = read_lines(hypotheses_path), read_lines(scored["reference"])
         if "tokenized_bleu" in scored:  # the published recipe's

@@ -27,16 +27,19 @@ import datetime
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.host import host
-from common.repo import commit, repo_relative
-from studies import checkpoints
-from studies.checkpoints import InputError, add_arguments, batches, import_plugin, load
+from common.repo import STOCK, VARIANTS, commit, repo_relative
+from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load
+from studies.figures import frame, save, variant_colours
+from studies.runs import RunFolder
 
 PROG = "source_use.py"
+MARKERS = ".osv^D"  # the models of one variant (its seeds, its epochs), in one colour
 
 
 def parse_args(argv=None):
@@ -46,17 +49,6 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
     p.add_argument("--figure", metavar="PNG", help="also draw the spread by layer and the NLLs into PNG")
     return p.parse_args(argv)
-
-
-def checkpoint_of(path: Path, data):
-    """(checkpoint file, data folder) that *path* stands for: a run folder's average."""
-    (found,) = checkpoints.checkpoints_of(
-        path,
-        data,
-        lambda folder: [f for f in [folder / "checkpoint_avg.pt"] if f.exists()],
-        "checkpoints/checkpoint_avg.pt",
-    )
-    return found
 
 
 def with_impostor_sources(sample):
@@ -129,33 +121,33 @@ def fresh_model(task, cfg):
 def short_name(model: str) -> str:
     """RUN/seedN for a run folder's average (with the checkpoint's stem for any other checkpoint of
     it), else the model's name as given."""
-    path = Path(model.split(" freshly")[0])
-    if len(path.parts) < 4 or path.parent.name != "checkpoints":
-        return model
-    run = "/".join(path.parts[-4:-2])
-    stem = "" if path.name == "checkpoint_avg.pt" else f" {path.stem}"
-    return run + stem + (", untrained" if " freshly" in model else "")
+    name = RunFolder.checkpoint_name(model.split(" freshly")[0])
+    return model if name is None else name + (", untrained" if " freshly" in model else "")
+
+
+def variant_of(name: str) -> str:
+    """The variant of a study's run that a model's short name names (VARIANT-SUFFIX/seedS), for its
+    colour; else the name itself."""
+    folder, _, seed = name.partition(" ")[0].partition("/")
+    known = [v for v in [*VARIANTS, *STOCK] if folder == v or folder.startswith(f"{v}-")]
+    return max(known, key=len) if known and re.fullmatch(r"seed\d+", seed) else name
 
 
 def draw(rows, subset, path):
     """Left: each model's token spread after the embedding, every encoder layer and the output
-    (untrained models dashed, in their checkpoint's colour). Right: NLL with own and impostor source."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from common.repo import quiet_logging
-
-    quiet_logging()
+    (untrained models dashed, in their checkpoint's colour and marker; a variant's colour, its models
+    told apart by their marker). Right: NLL with own and impostor source."""
     trained = list(dict.fromkeys(short_name(r["model"]).removesuffix(", untrained") for r in rows))
-    colours = dict(zip(trained, plt.get_cmap("tab10").colors))
-    fig, (spread, nll) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    colours = variant_colours(list(dict.fromkeys(map(variant_of, trained))))
+    markers = {}
+    for name in trained:
+        markers[name] = MARKERS[sum(variant_of(n) == variant_of(name) for n in markers) % len(MARKERS)]
+    fig, (spread, nll) = frame((13, 5), 2, gridspec_kw={"width_ratios": [3, 2]})
     for row in rows:
         name = short_name(row["model"])
-        colour = colours[name.removesuffix(", untrained")]
-        style = "--" if name.endswith(", untrained") else "-"
-        spread.plot(range(len(row["spread"])), row["spread"], style, color=colour, marker=".", label=name)
+        model = name.removesuffix(", untrained")
+        style, colour = "--" if name.endswith(", untrained") else "-", colours[variant_of(model)]
+        spread.plot(range(len(row["spread"])), row["spread"], style, color=colour, marker=markers[model], label=name)
     depth = max(len(r["spread"]) for r in rows)
     spread.set_xticks(range(depth), ["emb", *map(str, range(1, depth - 1)), "out"])
     spread.set_xlabel("encoder position (embedding, layer 1 … N, output)")
@@ -179,10 +171,7 @@ def draw(rows, subset, path):
     data = ", ".join(dict.fromkeys(r["data"] for r in rows))
     sentences = ", ".join(dict.fromkeys(str(r["sentences"]) for r in rows))
     fig.suptitle(f"Does the model use its source? The {subset} subset of {data} ({sentences} sentences)", fontsize=11)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def print_tables(rows, subset):
@@ -217,7 +206,7 @@ def main(argv=None):
     rows = []
     try:
         for path in args.paths:
-            checkpoint, data = checkpoint_of(Path(path), args.data)
+            ((checkpoint, data),) = checkpoints_of(Path(path), args.data, average_only=True)
             model, task, criterion, updates, cfg = load(checkpoint, data, args.subset)
             models = [(str(checkpoint), updates, model)]
             if args.fresh:

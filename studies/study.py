@@ -1,6 +1,7 @@
 """A quality study: what it trains (variants × peak learning rates × seeds, on one preset), where
 its runs' folders are, and its JSON with the translations committed beside it. Everything a
-study's JSON holds is written, and read back, here.
+study's JSON holds is written, and read back (a StudyRecord, which answers what a report asks of a
+study: quality.py's, --beside's, the runner's and depth_report.py's), here.
 
 The JSON: "what", "command", "machine", "date", "settings" (what the runs were trained with; a
 study goes on from the runs a JSON of the same settings holds), "runs" (each run's record,
@@ -70,7 +71,6 @@ class Study:
         self.sweep = len(self.lrs) > 1
         self.lr = None if self.sweep else self.lrs[0]
         self.pair = f"{self.source_lang}-{self.target_lang}"
-        self.recorded_machine = None  # recorded(): the machine of the JSON this study goes on from
         # runs with settings given on the command line get their own folders: OUT/post-ln-lr0.002/seed1
         suffix = "".join(
             f"-{name}{self.overrides[name]:g}" for name in ("warmup", "epochs", "layers") if name in self.overrides
@@ -104,9 +104,6 @@ class Study:
     def run_folder(self, config, seed):
         return self.out / f"{config.variant}{config.suffix}" / f"seed{seed}"
 
-    def run_folders(self):
-        return [self.run_folder(config, seed) for seed in self.seeds + self.best_seeds for config in self.all_configs]
-
     def settings(self):
         """What the JSON records of how its runs were trained (a float32 study's have no "bf16": the
         studies committed before it existed)."""
@@ -138,41 +135,31 @@ class Study:
         epochs = f", {self.epochs} epochs" if self.epochs else ""
         return (
             f"Multi30k {self.source_lang}→{self.target_lang}, {size}{epochs}{lr}; "
-            f"average of the last epoch checkpoints, beam 5; {self.machines()}"
+            f"average of the last epoch checkpoints, beam 5; {self.machine}"
         )
 
-    def recorded(self):
-        """The finished runs the --json file already holds, with their committed translations: a
-        study goes on in a fresh checkout (no run folders) without training them again. Only runs
-        trained with the same settings count, each under this study's label for its variant and
-        rate: a sweep takes the runs of a single-rate study of the same settings as its own at that
-        rate."""
+    def previous(self):
+        """The StudyRecord of the --json file this study goes on from: None when there is none, or
+        when its runs were trained with other settings (the rate aside)."""
         path = Path(self.json) if self.json else None
         if path is None or not path.exists():
-            return {}
-        study = load(path)
+            return None
+        record = StudyRecord.load(path, self.data)
         defining = ("preset", "epochs", "layers", "warmup", "bf16")  # what the runs were trained with, but the rate
-        if any(study.get("settings", {}).get(key) != self.settings().get(key) for key in defining):
-            return {}
+        return record if all(record.settings.get(k) == self.settings().get(k) for k in defining) else None
+
+    def recorded(self, previous):
+        """The finished runs of *previous* (previous()), with their committed translations: a study
+        goes on in a fresh checkout (no run folders) without training them again. Each is under this
+        study's label for its variant and rate: a sweep takes the runs of a single-rate study of the
+        same settings as its own at that rate."""
         labels = {(config.variant, config.lr): config.label for config in self.all_configs}
-        self.recorded_machine = study.get("machine")
-        recorded = {}
-        for run in study["runs"]:
-            label = labels.get((run["variant"], run["lr"]))
-            if label is None:  # a rate or variant this study does not train
-                continue
-            for name, score in scored_sets(run).items():  # what comparisons() reads: the committed copies
-                reference = Path(self.data) / f"{name}.{self.target_lang}.gz"
-                if self.quick:  # --tiny scores the first lines only, as many as it translated
-                    lines = read_lines(reference)[: len(read_lines(score["hypotheses"]))]
-                    reference = self.out / f"{name}.{self.target_lang}"
-                    self.out.mkdir(parents=True, exist_ok=True)
-                    reference.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-                score["reference"] = str(reference)
-                if "translations_tok" in score:  # the published recipe's: against the prepared tokenised reference
-                    score["reference_tok"] = str(REPO / score["reference_tok"])
-            recorded[label, run["seed"]] = {**run, "label": label}
-        return recorded
+        runs = previous.runs if previous else []
+        return {
+            (labels[r["variant"], r["lr"]], r["seed"]): {**r, "label": labels[r["variant"], r["lr"]]}
+            for r in runs
+            if (r["variant"], r["lr"]) in labels  # not a rate or variant this study does not train
+        }
 
     def collect(self, recorded, seeds=None):
         """Every finished run: its record from its folder, else from *recorded* (the JSON's)."""
@@ -227,19 +214,21 @@ class Study:
             return None
         return max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
 
-    def machines(self):
-        """The machine the JSON names: --machine, after the one of the JSON this study went on from
-        when that does not name it yet (its runs trained there); that one alone when it does."""
-        before = self.recorded_machine
+    def machines(self, previous):
+        """The machine the JSON names: --machine, after the one of *previous* (the JSON this study
+        goes on from) when that does not name it yet (its runs trained there); that one alone when it
+        does."""
+        before = previous.machine if previous else None
         if not before:
             return self.machine
         return before if self.machine in before else f"{before}; later runs: {self.machine}"
 
-    def save(self, argv, runs, best, found, across_seeds, show=True):
-        """--json: the study, with its translations committed beside it (hypotheses' local paths dropped)."""
+    def save(self, argv, record, found, across_seeds, show=True):
+        """--json: the study (*record*: its runs and best rates), with its translations committed
+        beside it (hypotheses' local paths dropped)."""
         path = Path(self.json)
         # on copies: the runs are also the recorded ones a later report in this process compares
-        runs = copy.deepcopy(runs)
+        runs = copy.deepcopy(record.runs)
         write_translations(runs, path.parent / path.stem, self.target_lang)
         for run in runs:
             for score in scored_sets(run).values():
@@ -249,10 +238,10 @@ class Study:
                     score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
         result = {
             "what": self.describe(),
-            **header(QUALITY, argv, self.machines()),
+            **header(QUALITY, argv, self.machine),
             "settings": self.settings(),
             "runs": runs,
-            **({"best": best} if self.sweep else {}),
+            **({"best": record.best} if self.sweep else {}),
             "comparisons": found,
             "seed_comparisons": across_seeds,
             "summary": scoring.summary(runs, self.labels),
@@ -262,37 +251,67 @@ class Study:
             print(f"[quality] wrote {path}")
 
 
-def load(path):
-    """A study's JSON, each score's `hypotheses` (and the published recipe's `hypotheses_tok`) the
-    committed translations, as scoring.comparisons reads them."""
-    study = json.loads(Path(path).read_text())
-    for run in study["runs"]:
-        for score in scored_sets(run).values():
-            for key in ("hypotheses", "hypotheses_tok"):
-                translations = score.get(key.replace("hypotheses", "translations"))
-                if translations is not None:
-                    score[key] = str(REPO / translations)
-    return study
+def further_seeds(settings, variant):
+    """The --best-seeds a study's *settings* ask of *variant* at its best rate (of --best-variants only)."""
+    return settings.get("best_seeds", []) if variant in (settings.get("best_variants") or [variant]) else []
+
+
+class StudyRecord:
+    """A study's record: its settings, its runs and a sweep's best rates, as its JSON holds them
+    (load) or as quality.py gathers them; the questions asked of a study, each answered here."""
+
+    def __init__(self, data):
+        self.data, self.settings, self.runs = data, data["settings"], data["runs"]
+        self.best = data.get("best", {})
+        self.layers, self.machine, self.what = self.settings.get("layers"), data.get("machine"), data.get("what")
+        # a sweep lists its rates (the first, post-ln-only sweep committed did not, and compares
+        # nothing across variants either way)
+        self.sweep = "lrs" in self.settings
+        # the runs compared across seeds: all of them; in a sweep, each variant at its best rate
+        # (none when it chose none)
+        self.compared = [r for r in self.runs if not self.sweep or (r["variant"], r["lr"]) in self.best.items()]
+
+    @classmethod
+    def load(cls, path, data):
+        """The JSON at *path*, each score's `hypotheses` (and the published recipe's
+        `hypotheses_tok`) the committed translations, as scoring.comparisons reads them, and its
+        reference the one the JSON names where it is, else the file of that name in *data*."""
+        record = json.loads(Path(path).read_text())
+        for run in record["runs"]:
+            for score in scored_sets(run).values():
+                for key in ("hypotheses", "hypotheses_tok"):
+                    translations = score.get(key.replace("hypotheses", "translations"))
+                    if translations is not None:
+                        score[key] = str(REPO / translations)
+                if "translations_tok" in score:  # the published recipe's: the prepared tokenised reference
+                    score["reference_tok"] = str(REPO / score["reference_tok"])
+                reference = Path(score["reference"])
+                if not reference.exists():  # another machine's, or a gone run folder's (--quick's first lines)
+                    reference = Path(data) / (reference.name.removesuffix(".gz") + ".gz")
+                score["reference"] = str(reference)
+        return cls(record)
+
+    def undecided(self):
+        """Per variant of a sweep that has runs in but no best rate yet (its seed-1 runs are not all
+        in, or, with --widen, its best is at an edge and the rate beyond it still trains): the rates in."""
+        rates = {v: sorted({r["lr"] for r in self.runs if r["variant"] == v}) for v in self.settings["variants"]}
+        return {v: mine for v, mine in rates.items() if self.sweep and v not in self.best and mine}
+
+    def missing_seeds(self):
+        """Per variant, the seeds its settings ask for at its best rate that are not in yet (a variant
+        whose rate is not chosen yet: said by undecided())."""
+        missing, waiting = {}, self.undecided()
+        for variant in (v for v in self.settings["variants"] if v not in waiting):
+            present = {r["seed"] for r in self.compared if r["variant"] == variant}
+            wanted = [s for s in self.settings["seeds"] + further_seeds(self.settings, variant) if s not in present]
+            if wanted:
+                missing[variant] = wanted
+        return missing
 
 
 def scored_sets(run):
     """A run's scores by set name: its test sets, and "val" when it scored the validation set."""
     return {**run["test_sets"], **({"val": run["val"]} if "val" in run else {})}
-
-
-def is_sweep(study):
-    """A study JSON of several learning rates (its settings list them; the first, post-ln-only
-    sweep committed did not, and compares nothing across variants either way)."""
-    return "lrs" in study["settings"]
-
-
-def compared_runs(study):
-    """The runs a study JSON compares across seeds: all of them; in a sweep, each variant at its
-    best rate (none when it chose none)."""
-    if not is_sweep(study):
-        return study["runs"]
-    best = study.get("best", {})
-    return [r for r in study["runs"] if r["variant"] in best and r["lr"] == best[r["variant"]]]
 
 
 def write_translations(runs, folder, target_lang):

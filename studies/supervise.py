@@ -1,7 +1,8 @@
 """Training a study's runs: N at a time, seed 1 of every config first, each run in its own session
-under this process's niceness and its folder's lock, watched for divergence and stopped there;
-all of them stopped on SIGINT or SIGTERM (run the same command again to resume). Studies started
-side by side into one --out share its N: a core one leaves is the other's at once."""
+under this process's niceness and its folder's lock, watched for divergence and stopped there,
+then (--dropout-gap) its checkpoints scored with dropout off and on (dropout_gap.py); all of them
+stopped on SIGINT or SIGTERM (run the same command again to resume). Studies started side by side
+into one --out share its N: a core one leaves is the other's at once."""
 
 import datetime
 import fcntl
@@ -15,9 +16,9 @@ from pathlib import Path
 
 from common.host import cpu_model
 from common.repo import VENV
-from studies import dropout_gap, recipe
-from studies.divergence import run_divergence
+from studies import recipe
 from studies.runs import RunFolder
+from studies.study import further_seeds
 
 WATCH_S = 10  # how often a training's log is read for a divergence
 SLOT_WAIT_S = 10  # how often a run waiting for one of --out's N slots tries again
@@ -65,7 +66,7 @@ def run_all(study, data_dir, recorded, on_finished=None):
             best = study.best_configs(recorded)
             for seed in study.best_seeds:  # seed 2 of every variant before seed 3: partial results stay balanced
                 for variant, config in best.items():
-                    if variant in (study.best_variants or study.variants):
+                    if seed in further_seeds(study.settings(), variant):
                         submit(config, seed)
             if not pending:
                 break
@@ -87,23 +88,30 @@ class Runner:
         self.running, self.lock, self.stopping, self.locks = set(), threading.Lock(), False, []
 
     def run(self, config, seed):
-        """Train one run to its end; None when it finished or diverged, else what went wrong."""
-        folder, name = RunFolder(self.study.run_folder(config, seed)), f"{config.label} seed {seed}"
-        if folder.finished():
-            return None
+        """Train one run to its end, then (--dropout-gap) score its kept checkpoints; None when it
+        finished or diverged, else what went wrong."""
+        folder = RunFolder(self.study.run_folder(config, seed))
+        error = None if folder.finished() else self.train(folder, config, seed)
+        if error is None and self.study.dropout_gap and not self.stopping:
+            error = record_dropout_gap(folder, self.study.jobs)
+        return error
+
+    def train(self, folder, config, seed):
+        """Train (or resume) one run; None when it finished or diverged, else what went wrong."""
+        name = f"{config.label} seed {seed}"
         lock = folder.lock()  # held until this process ends: one trainer per run folder
         if lock is None:
-            return f"{folder.path} is being trained by another process (it holds {folder / 'lock'})"
+            return f"{folder.path} is being trained by another process (it holds {folder.lock_file})"
         self.locks.append(lock)
         folder.link_data(self.data_dir)
         cmd = recipe.command(self.study, self.data_dir, config, seed, folder.path)
         if not folder.keep_command(cmd[2:]):  # a run resumes only with the flags it started with
-            return f"{folder.path} was started with other settings ({folder / 'command'}): choose another --out"
+            return f"{folder.path} was started with other settings ({folder.command_file}): choose another --out"
         env = dict(os.environ, **recipe.environment(self.study, config.variant))
         slot = self.take_slot(name)
         if slot is None:
             return "stopped"
-        with slot, open(folder / "recipe.log", "a") as log:
+        with slot, open(folder.recipe_log, "a") as log:
             with self.lock:
                 if self.stopping:  # a stop came while this run was queued: nothing starts, nothing is recorded
                     return "stopped"
@@ -114,7 +122,7 @@ class Runner:
                 process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 keep_niceness(process.pid)
                 self.running.add(process)
-            returncode, where = self.wait_watching(process, folder.path)
+            returncode, where = self.wait_watching(process, folder)
             with self.lock:
                 self.running.discard(process)
         folder.record_attempt(started, time.time() - start, returncode)
@@ -123,7 +131,7 @@ class Runner:
             say(f"{name} diverged at update {where['update']}: {where['reason']}; stopped")
             return None
         if returncode != 0:
-            return "stopped" if self.stopping else recipe.error(folder / "recipe.log", name)
+            return "stopped" if self.stopping else recipe.error(folder.recipe_log, name)
         say(f"done {name} in {time.time() - start:.0f} s")
         return None
 
@@ -148,7 +156,7 @@ class Runner:
             time.sleep(SLOT_WAIT_S)
         return None
 
-    def wait_watching(self, process, run_dir):
+    def wait_watching(self, process, folder):
         """Wait for the recipe, reading its training log every WATCH_S seconds: a run that diverges
         is stopped at once (its process group). Returns the exit status and where it diverged."""
         while True:
@@ -156,9 +164,9 @@ class Runner:
                 returncode = process.wait(timeout=WATCH_S)
                 break
             except subprocess.TimeoutExpired:
-                if run_divergence(run_dir) is not None and not self.stopping:
+                if folder.divergence() is not None and not self.stopping:
                     os.killpg(process.pid, signal.SIGTERM)
-        return returncode, None if self.stopping else run_divergence(run_dir)
+        return returncode, None if self.stopping else folder.divergence()
 
     def stop(self, signum, _frame):
         with self.lock:
@@ -168,21 +176,16 @@ class Runner:
         print(f"[quality] stopping ({signal.Signals(signum).name}); run the same command to resume", flush=True)
 
 
-def record_dropout_gap(study, run_dir):
-    """The validation loss of a finished run's kept checkpoints with dropout off and on, into
-    RUN/dropout_gap.json by dropout_gap.py (once: a record that exists is whole). A run with no
-    checkpoint left (a diverged run stopped before its first epoch ended) has none."""
-    record = Path(run_dir) / "dropout_gap.json"
-    if record.exists():
-        return
-    try:
-        dropout_gap.checkpoints_of(run_dir, None)  # what dropout_gap.py scores, if anything
-    except dropout_gap.InputError:
-        return
-    say(f"dropout gap: {run_dir}")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1") if study.jobs > 1 else None
-    cmd = [str(VENV / "bin" / "python"), str(DROPOUT_GAP), str(run_dir), "--json", str(record)]
+def record_dropout_gap(folder, jobs):
+    """The validation loss of a finished run's kept checkpoints with dropout off and on, into its
+    dropout-gap record by dropout_gap.py (once: a record that exists is whole); what went wrong, or
+    None. A run with no checkpoint left (a diverged run stopped before its first epoch ended) has none."""
+    if folder.dropout_gap_file.exists() or not folder.checkpoints():
+        return None
+    say(f"dropout gap: {folder.path}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1") if jobs > 1 else None
+    cmd = [str(VENV / "bin" / "python"), str(DROPOUT_GAP), str(folder.path), "--json", str(folder.dropout_gap_file)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SystemExit(f"quality.py: error: --dropout-gap on {run_dir}: {last}")
+        return f"--dropout-gap on {folder.path}: {last}"

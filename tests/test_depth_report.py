@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from studies.figures import variant_colours
+from studies.study import StudyRecord
 
 from .cli import STUDIES, load_script
 from .helpers import REPO
@@ -145,9 +146,13 @@ def test_a_missing_study_and_missing_seeds_are_said_in_a_line(tmp_path, capsys):
 def test_the_figure_names_every_machine_the_studies_ran_on():
     depth_report = load_script("depth_report", STUDIES)
     what = "Multi30k en→de test_2016_flickr, d=128; AMD EPYC VM, 2 cores; float32"
-    one = [{"layers": 4, "machine": "AMD EPYC VM, 2 cores"}, {"layers": 12, "machine": "AMD EPYC VM, 2 cores"}]
+
+    def study(layers, machine):
+        return StudyRecord({"settings": {"layers": layers}, "runs": [], "machine": machine})
+
+    one = [study(4, "AMD EPYC VM, 2 cores"), study(12, "AMD EPYC VM, 2 cores")]
     assert depth_report.machines(what, one) == what
-    two = [one[0], {"layers": 12, "machine": "Intel Xeon VM, 2 cores for seeds 2 and 3"}]
+    two = [one[0], study(12, "Intel Xeon VM, 2 cores for seeds 2 and 3")]
     assert depth_report.machines(what, two) == (
         "Multi30k en→de test_2016_flickr, d=128; float32; "
         "4+4: AMD EPYC VM, 2 cores; 12+12: Intel Xeon VM, 2 cores for seeds 2 and 3"

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from common import fairseq_log, repo
-from studies import divergence, figures, quality, recipe, supervise, tables
+from studies import figures, quality, recipe, supervise, tables
 from studies.runs import RunFolder
-from studies.study import compared_runs
+from studies.study import StudyRecord
 
 from .cli import popen
 from .helpers import REPO
@@ -52,7 +52,7 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         INNER.format(epoch=2, loss=10.7, updates=150),
         EPOCH.format(epoch=2, loss=8.1, updates=264),
     )
-    assert divergence.run_divergence(calm) is None  # epoch 1's own intervals are above its mean: that is no divergence
+    assert RunFolder(calm).divergence() is None  # epoch 1's own intervals are above its mean: that is no divergence
 
     climbed = tmp_path / "climbed"
     _log(
@@ -62,7 +62,7 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         INNER.format(epoch=2, loss=8.0, updates=150),
         INNER.format(epoch=2, loss=10.9, updates=200),
     )
-    assert divergence.run_divergence(climbed) == {
+    assert RunFolder(climbed).divergence() == {
         "update": 200,
         "epoch": 2,
         "loss": 10.9,
@@ -76,14 +76,14 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         EPOCH.format(epoch=2, loss=9.0, updates=264),
         EPOCH.format(epoch=3, loss=11.2, updates=396),
     )
-    assert divergence.run_divergence(by_epoch)["update"] == 396
+    assert RunFolder(by_epoch).divergence()["update"] == 396
     never_fell = tmp_path / "never-fell"  # a tiny run's second epoch, a little above its first: it never learnt
     _log(never_fell, EPOCH.format(epoch=1, loss=10.62, updates=4), EPOCH.format(epoch=2, loss=10.63, updates=8))
-    assert divergence.run_divergence(never_fell) is None
+    assert RunFolder(never_fell).divergence() is None
 
     not_finite = tmp_path / "nan"
     _log(not_finite, INNER.format(epoch=1, loss=12.4, updates=50), INNER.format(epoch=1, loss="nan", updates=100))
-    assert divergence.run_divergence(not_finite) == {
+    assert RunFolder(not_finite).divergence() == {
         "update": 100,
         "epoch": 1,
         "loss": "nan",
@@ -97,10 +97,10 @@ def test_a_training_diverges_when_its_loss_is_not_finite_or_climbs_above_its_fir
         "Traceback (most recent call last):",
         "FloatingPointError: gradients are Nan/Inf",
     )
-    assert divergence.run_divergence(crashed)["update"] == 51  # no crash.pt: one after the last update logged
+    assert RunFolder(crashed).divergence()["update"] == 51  # no crash.pt: one after the last update logged
     (crashed / "checkpoints").mkdir()
     torch.save({"optimizer_history": [{"num_updates": 73}]}, crashed / "checkpoints" / "crash.pt")
-    assert divergence.run_divergence(crashed) == {
+    assert RunFolder(crashed).divergence() == {
         "update": 74,
         "reason": "the gradients are NaN or infinite (fairseq-train stopped)",
     }
@@ -238,8 +238,8 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     assert table.splitlines()[7].endswith("| 264 | — |")  # post-ln 2e-3 has none
     no_gaps = tables.sweep_table(runs[1:], args.variants, args.lrs, "what")
     assert "dropout" not in no_gaps  # a study without --dropout-gap: the table it always had
-    study = {"settings": args.settings(), "runs": runs, "best": {"post-ln": 2e-3, "realformer": 1e-3}}
-    assert [(r["label"], r["seed"]) for r in compared_runs(study)] == [
+    study = StudyRecord({"settings": args.settings(), "runs": runs, "best": {"post-ln": 2e-3, "realformer": 1e-3}})
+    assert [(r["label"], r["seed"]) for r in study.compared] == [
         ("post-ln lr=0.002", 1),
         ("post-ln lr=0.002", 2),
         ("realformer lr=0.001", 1),
@@ -460,23 +460,50 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
     translations.touch()
     single = ["--data", str(data), "--preset", "cpu", "--layers", "18", "--variants", "admin,realformer"]
     runs = [
-        {"variant": v, "lr": 0.002, "label": v, "seed": 1, "test_sets": {"t": {"translations": str(translations)}}}
+        {
+            "variant": v,
+            "lr": 0.002,
+            "label": v,
+            "seed": 1,
+            "test_sets": {"t": {"translations": str(translations), "reference": str(translations)}},
+        }
         for v in ("admin", "realformer")
     ]
     study = tmp_path / "study.json"
     settings = _parse([*single, "--lr", "2e-3"]).settings()
     study.write_text(json.dumps({"settings": settings, "runs": runs, "machine": "VM A"}))
     sweep = _parse([*single, "--lr", "1e-3,2e-3", "--best-seeds", "2,3", "--json", str(study)])
-    recorded = sweep.recorded()
+    previous = sweep.previous()
+    recorded = sweep.recorded(previous)
     assert sorted(recorded) == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
     assert recorded["admin lr=0.002", 1]["label"] == "admin lr=0.002"
-    assert sweep.machines() == f"VM A; later runs: {sweep.machine}"  # where its runs trained, and these
+    assert sweep.machines(previous) == f"VM A; later runs: {sweep.machine}"  # where its runs trained, and these
     sweep.machine = "VM A"
-    assert sweep.machines() == "VM A"
-    sweep.machine, sweep.recorded_machine = "VM B", "VM A; later runs: VM B"  # the next session's, on VM B again
-    assert sweep.machines() == "VM A; later runs: VM B", "the machines its first runs trained on were dropped"
+    assert sweep.machines(previous) == "VM A"
+    sweep.machine, previous.machine = "VM B", "VM A; later runs: VM B"  # the next session's, on VM B again
+    assert sweep.machines(previous) == "VM A; later runs: VM B", "the machines its first runs trained on were dropped"
     other_depth = _parse([*single[:-4], "--layers", "12", *single[-2:], "--lr", "1e-3,2e-3", "--json", str(study)])
-    assert other_depth.recorded() == {} and other_depth.machines() == other_depth.machine
+    assert other_depth.previous() is None and other_depth.machines(None) == other_depth.machine
+
+
+def test_a_runs_scores_are_read_once_and_again_when_it_is_rescored(tmp_path):
+    """The runner reads every finished run's record each time a run finishes: its scores are
+    computed once (the hypotheses gone, the record still reads), and again when scores.json is
+    written anew (scripts/score.py rescoring it)."""
+    run = RunFolder(tmp_path / "post-ln" / "seed1")
+    scored = run.path / "score" / "t"
+    scored.mkdir(parents=True)
+    (tmp_path / "ref.de").write_text("a dog runs on the grass\n")
+    (scored / "test.hyp.de").write_text("a dog runs on grass\n")
+    (scored / "scores.json").write_text(
+        json.dumps({"sacrebleu": 1.0, "sacrebleu_signature": "s", "reference": str(tmp_path / "ref.de")})
+    )
+    first = run.scores("t", "test", "de")
+    (scored / "test.hyp.de").unlink()
+    assert run.scores("t", "test", "de") == first and RunFolder(run.path).scores("t", "test", "de") == first
+    (scored / "scores.json").write_text(json.dumps({"sacrebleu": 2.0, "sacrebleu_signature": "s", "reference": "r"}))
+    with pytest.raises(FileNotFoundError):
+        run.scores("t", "test", "de")
 
 
 def test_a_run_resumes_whether_its_out_and_data_were_typed_relative_or_absolute(tmp_path, monkeypatch):
@@ -564,19 +591,25 @@ RESUMING_RECIPE = textwrap.dedent("""\
 """).replace("EPOCH", EPOCH)
 
 
-def test_a_run_folder_made_before_the_move_resumes_under_the_new_command(tmp_path, monkeypatch):
-    """Issue 71 moved the studies from benchmarks/ to studies/ while 18+18 runs were training: a
-    run the old benchmarks/quality.py started (and was stopped in) finishes under studies/quality.py
-    with the same flags. The same recipe arguments (its `command` record), its attempts and
-    machines appended to, its epochs kept, and the study's JSON written."""
+# (commit, its quality.py, what it needs): the runner before the studies moved out of benchmarks/
+# (issue 71), and before a study became one StudyRecord (issue 87)
+BEFORE = [
+    (PRE_MOVE, "benchmarks/quality.py", ["benchmarks", "fairseq_realformer/variants.py"]),
+    ("c948141", "studies/quality.py", ["studies", "common", "fairseq_realformer/variants.py"]),
+]
+
+
+@pytest.mark.parametrize("commit, script, paths", BEFORE, ids=["issue-71", "issue-87"])
+def test_a_run_folder_made_before_a_change_resumes_under_the_new_command(tmp_path, monkeypatch, commit, script, paths):
+    """Runs train across changes of the runner (issue 71 moved the studies from benchmarks/ to
+    studies/ while 18+18 runs were training): a run the old quality.py started (and was stopped in)
+    finishes under studies/quality.py with the same flags. The same recipe arguments (its `command`
+    record), its attempts and machines appended to, its epochs kept, and the study's JSON written."""
     old = tmp_path / "old-checkout"
     old.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(Path(REPO)), "archive", PRE_MOVE, "benchmarks", "fairseq_realformer/variants.py"],
-        capture_output=True,
-    )
+    archive = subprocess.run(["git", "-C", str(Path(REPO)), "archive", commit, *paths], capture_output=True)
     if archive.returncode != 0:
-        pytest.skip(f"no git history with {PRE_MOVE} (a shallow clone?): {archive.stderr.decode().strip()}")
+        pytest.skip(f"no git history with {commit} (a shallow clone?): {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     fake = old / "examples" / "multi30k" / "run.sh"
     fake.parent.mkdir(parents=True)
@@ -586,7 +619,7 @@ def test_a_run_folder_made_before_the_move_resumes_under_the_new_command(tmp_pat
     (data / "train.en.gz").touch()
     flags = ["--data", str(data), "--quick", "--variants", "realformer", "--out", str(out), "--machine", "m"]
 
-    before = popen(old / "benchmarks" / "quality.py", *flags, cwd=tmp_path, env={"REALFORMER_VENV": sys.prefix})
+    before = popen(old / script, *flags, cwd=tmp_path, env={"REALFORMER_VENV": sys.prefix})
     train_log = out / "realformer" / "seed1" / "train.log"
     for _ in range(1200):  # the old runner's recipe has logged epoch 1 and saved its checkpoint
         if (train_log.exists() and "epoch 001" in train_log.read_text()) or before.poll() is not None:
@@ -673,11 +706,12 @@ def test_a_study_writes_its_json_after_each_run_not_only_the_first(tmp_path):
         hypotheses = tmp_path / f"{variant}.de"
         hypotheses.write_text(line)
         score = {"sacrebleu": 30.0, "chrf": 50.0, "bleu_lc": 30.5, "translations": str(hypotheses)}
+        score["reference"] = str(data / "test_2016_flickr.de.gz")  # as RunFolder.scores names it
         run = {"variant": variant, "lr": study.lrs[0], "label": study.labels[0 if variant == "admin" else 1], "seed": 1}
         run.update(folder=f"{variant}/seed1", best_valid_loss=4.4, updates=2640, wall_s=60.0, tokens_per_s=900.0)
         runs.append({**run, "test_sets": {"test_2016_flickr": score}})
     study_json.write_text(json.dumps({"settings": study.settings(), "runs": runs, "machine": "VM A"}))
-    recorded = study.recorded()
+    recorded = study.recorded(study.previous())
     quality.report(study, outputs, [], recorded, show=False)  # after the first run that finishes
     first = json.loads(study_json.read_text())
     quality.report(study, outputs, [], recorded, show=False)  # and after the next: it failed here

@@ -18,7 +18,7 @@ from common.host import cpu_model
 from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
 from studies import quality, recipe, scoring
 from studies.runs import RunFolder
-from studies.study import compared_runs, scored_sets
+from studies.study import StudyRecord, scored_sets
 
 from .cli import N_TEST, SCRIPTS, cli_error, load_script, popen, run
 from .helpers import REPO, build_model, parse_args
@@ -949,7 +949,7 @@ def test_the_committed_quality_studies_across_seed_tests_follow_from_their_score
     """The permutation tests across seeds in a committed study are those its runs' scores give (in a
     learning-rate sweep, of each variant at its best rate; none where it chose none)."""
     study = json.loads(path.read_text())
-    assert study.get("seed_comparisons", []) == scoring.seed_comparisons(compared_runs(study))
+    assert study.get("seed_comparisons", []) == scoring.seed_comparisons(StudyRecord(study).compared)
 
 
 @pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)

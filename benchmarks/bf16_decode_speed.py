@@ -1,0 +1,144 @@
+"""bf16 against float32 for beam decoding alone, in one process, without data or training (what
+``bf16_speed.py --decode-only`` runs, with its flags): each model of bf16_speed.MODELS with random
+weights (bench.build; ω profiled on one random batch, as speed.py's), a dictionary of Multi30k's
+size (DECODE_VOCAB), --gen-sentences random sources of 8-20 tokens (Multi30k's test sentences
+average 12 words) translated as one batch (64: fairseq-generate's --batch-size) with beam 5 by
+fairseq's SequenceGenerator, every hypothesis forced to 24 tokens, --repeats times in float32 and
+under the bf16 autocast (``precision.autocast``, as fairseq-generate --bf16 runs), alternating and
+swapping the order each repeat, so that a busy machine slows both alike. It reports each
+precision's median sentences/s and the median (and range) of the per-repeat ratios bf16 / float32.
+
+    python benchmarks/bf16_decode_speed.py --threads 1 --repeats 21 --gen-sentences 64 \\
+        --models small-transformer,small-realformer
+"""
+
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+import bench
+import bf16_speed
+from bf16_speed import GEN_LENGTH, MODELS
+
+DECODE_VOCAB = 7792  # the joint sentencepiece dictionary of Multi30k (examples/multi30k/run.sh), specials included
+
+
+def decode_sample(dictionary, sentences, seed=1):
+    """Random left-padded sources of 8-20 tokens (EOS last), as fairseq's collater shapes them
+    (bench.batch's are of one length)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 21, (sentences,), generator=g)
+    src = torch.full((sentences, int(lengths.max())), dictionary.pad())
+    for i, n in enumerate(lengths.tolist()):
+        src[i, src.size(1) - n :] = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=g)
+        src[i, -1] = dictionary.eos()
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
+def build(model):
+    """*model* (a MODELS entry: its flags after bench.build's) with random weights, ω profiled on one
+    random batch as speed.py's."""
+    import torch
+
+    from fairseq_realformer.modules import admin
+
+    flags = (*MODELS[model], "--dropout", "0.3")  # its --arch, and its layers where not the WMT arch's 6
+    built, dictionary = bench.build("fairseq", 6, "cpu", torch.float32, flags, DECODE_VOCAB)
+    admin.initialize(built, bench.batch(dictionary, 64, 16, "cpu", seed=5)["net_input"])  # nothing without ADMIN
+    return built.eval(), dictionary
+
+
+def decode_speed(args, model):
+    """Beam-5 sentences/s of *model* in float32 and under the bf16 autocast, alternating in this process."""
+    import torch
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from fairseq_realformer import precision
+
+    built, dictionary = build(model)
+    sample = decode_sample(dictionary, args.gen_sentences)
+    generator = SequenceGenerator(
+        [built], dictionary, beam_size=5, max_len_a=0, max_len_b=GEN_LENGTH, min_len=GEN_LENGTH
+    )
+
+    def sentences_per_s(precision_name):
+        bf16 = precision_name == "bf16"
+        with torch.no_grad(), precision.autocast("cpu") if bf16 else contextlib.nullcontext():
+            start = time.perf_counter()
+            hypos = generator.forward(sample)
+            seconds = time.perf_counter() - start
+        assert all(len(h[0]["tokens"]) == GEN_LENGTH + 1 for h in hypos)  # the same steps: length + EOS
+        return args.gen_sentences / seconds
+
+    runs = {"fp32": [], "bf16": []}
+    for precision_name in runs:  # warm-up: allocator, lazy initialisation, the autocast's first casts
+        sentences_per_s(precision_name)
+    for repeat in range(args.repeats):
+        for precision_name in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):
+            runs[precision_name].append(sentences_per_s(precision_name))
+    ratios = [b / f for f, b in zip(runs["fp32"], runs["bf16"])]
+    print(
+        f"[bf16-speed {time.strftime('%H:%M:%S')}] {model}: bf16/fp32 {statistics.median(ratios):.3f} "
+        f"[{min(ratios):.3f}-{max(ratios):.3f}]",
+        flush=True,
+    )
+    return {
+        **{
+            name: {
+                "sentences_per_s": round(statistics.median(xs), 2),
+                "min": round(min(xs), 2),
+                "max": round(max(xs), 2),
+                "runs": [round(x, 2) for x in xs],
+            }
+            for name, xs in runs.items()
+        },
+        "ratio_paired": {
+            "median": round(statistics.median(ratios), 3),
+            "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3),
+        },
+    }
+
+
+def report(results):
+    rows = [
+        "| model | beam-5 sentences/s fp32 | bf16 | bf16 / fp32, paired: median | range |",
+        "|---|---|---|---|---|",
+    ]
+    for model, r in results.items():
+        x = r["ratio_paired"]
+        rows.append(
+            f"| {model} | {r['fp32']['sentences_per_s']:.1f} | {r['bf16']['sentences_per_s']:.1f} | "
+            f"{x['median']:.2f} | {x['min']:.2f}-{x['max']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def measure_all(args, argv):
+    """Every --models' decoding, the table, and --json."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    results = {model: decode_speed(args, model) for model in args.models}
+    print(report(results), flush=True)
+    if args.json:
+        bf16_speed.write_json(
+            args,
+            argv,
+            "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: random weights "
+            "and sources, every hypothesis forced to the same length (bf16_speed.py --decode-only)",
+            repeats=args.repeats,
+            gen_sentences=args.gen_sentences,
+            gen_length=GEN_LENGTH,
+            vocabulary=DECODE_VOCAB,
+            results=results,
+        )
+
+
+if __name__ == "__main__":
+    measure_all(bf16_speed.parse_args([*sys.argv[1:], "--decode-only"]), [*sys.argv[1:], "--decode-only"])
