@@ -217,11 +217,10 @@ def _sync_fp16_grads_to_fp32(self):
         return
     for device in self.fp32_params:
         params, _, grads = _flat_slices(self, device)
-        trained = [(p, g) for p, g in zip(params, grads) if p.requires_grad]
-        with_grad = [(p.grad, g) for p, g in trained if p.grad is not None]
+        with_grad = [(p.grad, g) for p, g in zip(params, grads) if p.grad is not None]
         if with_grad:
             torch._foreach_copy_([g for _, g in with_grad], [src for src, _ in with_grad])
-        for p, g in trained:
+        for p, g in zip(params, grads):
             if p.grad is None:
                 g.zero_()
     self._needs_sync = False
@@ -253,7 +252,10 @@ def install(optimizer) -> bool:
         return False  # another optimizer (or apex's FusedAdam, already fused): fairseq's own
     inner.optimizer.__class__ = FOREACH[type(inner.optimizer)]  # a subclass with the same state
     inner.clip_grad_norm = types.MethodType(clip_grad_norm, inner)
-    if optimizer is not inner and optimizer.has_flat_params and isinstance(optimizer.fp32_params, dict):
+    # fairseq lays out the gradients of trained parameters only, but the parameters of all: where
+    # they differ (a frozen parameter: the trainer passes none), its own copies stay
+    flat = optimizer is not inner and optimizer.has_flat_params and isinstance(optimizer.fp32_params, dict)
+    if flat and all(p.requires_grad for p in optimizer.fp16_params):
         optimizer._sync_fp16_grads_to_fp32 = types.MethodType(_sync_fp16_grads_to_fp32, optimizer)
         optimizer._sync_fp32_params_to_fp16 = types.MethodType(_sync_fp32_params_to_fp16, optimizer)
     logger.info(
