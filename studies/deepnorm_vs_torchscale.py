@@ -5,6 +5,7 @@ side on the same Multi30k batches with the same optimizer, schedule, loss and dr
 measured every few updates as studies/source_use.py measures a checkpoint.
 
     pip install --no-deps torchscale fairscale==0.4.0   # a study tool, not a requirement (see below)
+    pip uninstall -y torchscale fairscale               # after: see below
     python studies/deepnorm_vs_torchscale.py --check-only                 # the forward passes only
     python studies/deepnorm_vs_torchscale.py                              # 4+4, lr 2e-3, seed 1, 660 updates
     python studies/deepnorm_vs_torchscale.py --layers 18 --lr 1e-3 --updates 200
@@ -45,7 +46,10 @@ source tokens).
 torchscale 0.3.0 imports fairscale (which installs without its dependencies) and timm (for its
 drop-path, which needs torchvision, a binary built for one torch): when timm cannot be imported, a
 stand-in for ``timm.models.layers.drop_path`` is registered that refuses to run; drop-path is off
-(``drop_path_rate`` 0), so it is never called.
+(``drop_path_rate`` 0), so it is never called. Uninstall both when done: with fairscale installed
+fairseq imports it, and fairseq-train processes of the test suite (tests/test_fast_update.py)
+aborted at exit ("terminate called without an active exception", 6 errors; 9 passed once it was
+uninstalled, 2026-12-01).
 """
 
 import argparse
