@@ -76,17 +76,6 @@ def scores(study, variant, test_name):
     ]
 
 
-def same_depth(group):
-    """Studies of one depth, [(study, path), ...], as one record: each variant's runs at its best
-    rate side by side, their settings' variants in order; each study stays in ``parts``."""
-    first = group[0][0]
-    variants = list(dict.fromkeys(v for study, _ in group for v in study.settings["variants"]))
-    settings = {**{k: v for k, v in first.settings.items() if k != "lrs"}, "variants": variants}  # no sweep now
-    merged = StudyRecord({**first.data, "settings": settings, "runs": [r for s, _ in group for r in s.compared]})
-    merged.parts = group
-    return merged
-
-
 def rate_chosen(study):
     """How the study chose each variant's peak lr."""
     settings = study.settings
@@ -116,14 +105,13 @@ def per_seed_lines(runs, test_name):
     return lines
 
 
-def depth_section(group):
-    """One depth (one study, or several of the same depth): tables.table of each variant
-    at its best rate, with scoring.PAIRS compared, and each variant's seeds."""
-    study = same_depth(group)
+def depth_section(study):
+    """One depth (StudyRecord.merged: one study, or several of the same depth): tables.table of each
+    variant at its best rate, with scoring.PAIRS compared, and each variant's seeds."""
     layers = study.layers
     runs = [r for r in study.compared if not r.get("diverged")]
     labels = list(dict.fromkeys(r["label"] for r in runs))
-    chosen = "; ".join(f"`{repo_relative(path)}`; peak lr {rate_chosen(part)}" for part, path in group)
+    chosen = "; ".join(f"`{repo_relative(part.path)}`; peak lr {rate_chosen(part)}" for part in study.parts)
     title = f"### {layers}+{layers} layers, each variant at its best rate\n\n{chosen}."
     references = sorted({s["reference"] for r in runs for s in r["test_sets"].values()})
     absent = [ref for ref in references if not Path(ref).exists()]
@@ -142,14 +130,14 @@ def depth_section(group):
         lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
     if any(len([r for r in runs if r["variant"] == v]) > 1 for v in study.settings["variants"]):
         lines += ["Seed by seed:", *per_seed_lines(runs, next(iter(runs[0]["test_sets"]))), ""]
-    waiting = {v: rates for part, _ in group for v, rates in part.undecided().items()}
+    waiting = {v: rates for part in study.parts for v, rates in part.undecided().items()}
     if waiting:
         lines.append(
             "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains): "
             + "; ".join(f"{v} (in: {', '.join(f'{lr:g}' for lr in rates)})" for v, rates in waiting.items())
             + "."
         )
-    missing = {v: seeds for part, _ in group for v, seeds in part.missing_seeds().items()}
+    missing = {v: seeds for part in study.parts for v, seeds in part.missing_seeds().items()}
     if missing:
         lines.append(
             "Seeds not in yet: " + "; ".join(f"{v} {', '.join(map(str, s))}" for v, s in missing.items()) + "."
@@ -233,7 +221,7 @@ def one_rate(studies):
     best rate (DeepNorm at 4+4, issue 69)."""
     found = []
     for merged in studies:
-        for study, _ in getattr(merged, "parts", [(merged, None)]):  # a depth's studies, each with its own runs
+        for study in merged.parts:  # a depth's studies, each with its own runs
             for variant in study.settings["variants"]:
                 rates = {r["lr"] for r in study.runs if r["variant"] == variant}
                 if len(rates) == 1:
@@ -310,15 +298,15 @@ def curves_figure(study, path, what):
 def main(argv=None):
     args = parse_args(argv)
     loaded = [(load(path, args.data), path) for path in args.studies]
-    found = sorted(((s, p) for s, p in loaded if s is not None), key=lambda sp: sp[0].layers)
+    found = sorted((s for s, _ in loaded if s is not None), key=lambda s: s.layers)
     blocks = ["## Depth: each variant at its best rate"]
     blocks += [f"Not there yet: `{repo_relative(p)}` (not reported)." for s, p in loaded if s is None]
     if not found:
         raise SystemExit("depth_report.py: error: none of the studies is there")
-    groups = [[sp for sp in found if sp[0].layers == layers] for layers in dict.fromkeys(s.layers for s, _ in found)]
-    studies = [same_depth(group) for group in groups]
+    depths = dict.fromkeys(s.layers for s in found)
+    studies = [StudyRecord.merged([s for s in found if s.layers == layers]) for layers in depths]
     test_name = next(iter(studies[0].compared[0]["test_sets"]))
-    blocks += [depth_section(group) for group in groups]
+    blocks += [depth_section(study) for study in studies]
     if len(studies) > 1:
         blocks.append(across_depths(studies, test_name))
     base = studies[0]

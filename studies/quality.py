@@ -211,9 +211,8 @@ def main(argv=None):
     given = [flag for flag in (sys.argv[1:] if argv is None else argv) if flag != "--report-only"]
     previous = study.previous()
     study = dataclasses.replace(study, machine=study.machines(previous))
-    recorded = study.recorded(previous)
     if outputs.report_only:
-        if not (study.out / "data" / "bin").exists() and not recorded:
+        if not (study.out / "data" / "bin").exists() and not study.record(previous).runs:
             raise SystemExit(
                 f"quality.py: error: --report-only: {study.out} holds no study (no {study.out / 'data' / 'bin'})"
             )
@@ -221,29 +220,26 @@ def main(argv=None):
             recipe.prepare_data(study)
     else:
         data_dir = recipe.prepare_data(study)
-        so_far = (lambda: report_so_far(study, outputs, given, recorded)) if study.json else None
-        supervise.run_all(study, data_dir, recorded, so_far)
-    report(study, outputs, given, recorded)
+        so_far = (lambda record: report_so_far(study, outputs, given, record)) if study.json else None
+        supervise.run_all(study, data_dir, previous, so_far)
+    report(study, outputs, given, study.record(previous))
 
 
-def report_so_far(study, outputs, given, recorded):
+def report_so_far(study, outputs, given, record):
     """The report and --json after a run finished, while others train: a study of many sessions
     keeps (and can commit) every run as it finishes. Its failure stops no training."""
     try:  # the tables are printed once, at the end (not by hiding stdout: the runs' threads print there)
-        report(study, outputs, given, recorded, show=False)
+        report(study, outputs, given, record, show=False)
         supervise.say(f"the finished runs so far are in {study.json}")
     except (Exception, SystemExit) as e:
         supervise.say(f"the report so far failed ({e}); the runs go on")
 
 
-def report(study, outputs, given, recorded, show=True):
-    """The tables (*show*), the figures and --json."""
-    runs = study.collect(recorded)
+def report(study, outputs, given, record, show=True):
+    """The tables (*show*), the figures and --json of the study's *record* (Study.record)."""
+    runs, best, compared = record.runs, record.best, record.compared  # in a sweep: each variant at its best rate
     if not runs:
         raise SystemExit(f"quality.py: error: no finished run in {study.out} yet")
-    best = {variant: config.lr for variant, config in study.best_configs(recorded).items()} if study.sweep else {}
-    record = StudyRecord({"settings": study.settings(), "runs": runs, "best": best})
-    compared = record.compared  # in a sweep: each variant at its best rate
     labels = [label for label in study.labels if any(r["label"] == label for r in compared)]
     found, across_seeds = scoring.comparisons(compared), scoring.seed_comparisons(compared)
     if study.sweep and show:

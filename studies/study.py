@@ -148,71 +148,27 @@ class Study:
         defining = ("preset", "epochs", "layers", "warmup", "bf16")  # what the runs were trained with, but the rate
         return record if all(record.settings.get(k) == self.settings().get(k) for k in defining) else None
 
-    def recorded(self, previous):
-        """The finished runs of *previous* (previous()), with their committed translations: a study
-        goes on in a fresh checkout (no run folders) without training them again. Each is under this
-        study's label for its variant and rate: a sweep takes the runs of a single-rate study of the
-        same settings as its own at that rate."""
-        labels = {(config.variant, config.lr): config.label for config in self.all_configs}
-        runs = previous.runs if previous else []
-        return {
-            (labels[r["variant"], r["lr"]], r["seed"]): {**r, "label": labels[r["variant"], r["lr"]]}
-            for r in runs
-            if (r["variant"], r["lr"]) in labels  # not a rate or variant this study does not train
-        }
+    def config(self, variant, lr):
+        """The config that trains *variant* at *lr* (a sweep's rate, or one beyond its edges)."""
+        return next(c for c in self.all_configs if (c.variant, c.lr) == (variant, lr))
 
-    def collect(self, recorded, seeds=None):
-        """Every finished run: its record from its folder, else from *recorded* (the JSON's)."""
+    def record(self, previous=None):
+        """The study's record: every finished run, from its folder, else from *previous* (the
+        StudyRecord it goes on from: a fresh checkout has no run folders), under this study's label
+        for its variant and rate (a sweep takes a single-rate study's runs as its own at that rate)."""
         runs = []
-        for seed in seeds or self.seeds + self.best_seeds:
+        for seed in self.seeds + self.best_seeds:
             for config in self.all_configs:
-                run_dir = self.run_folder(config, seed)
-                record = RunFolder(run_dir).record(self.target_lang)
-                if record is None:
-                    if (config.label, seed) in recorded:
-                        runs.append(recorded[config.label, seed])
-                    continue
-                runs.append({"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed, **record})
+                found = RunFolder(self.run_folder(config, seed)).record(self.target_lang)
+                if found is not None:
+                    runs.append(
+                        {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed, **found}
+                    )
+                elif previous is not None and (found := previous.run(config.variant, config.lr, seed)) is not None:
+                    runs.append({**found, "label": config.label})
         labels = self.labels
-        return sorted(runs, key=lambda r: (labels.index(r["label"]), r["seed"]))
-
-    def best_configs(self, recorded):
-        """Per variant whose --seeds runs have all finished at every rate: the config (rate) with the
-        best mean validation sacreBLEU over those seeds; diverged runs are never best. With --widen,
-        a variant whose best is at an edge of --lr is decided only once the rate beyond it is in."""
-        runs = {(r["label"], r["seed"]): r for r in self.collect(recorded, seeds=self.seeds)}
-        best = {}
-        for variant in self.variants:
-            mine = [c for c in self.configs if c.variant == variant]
-            beyond = self._beyond(self._best_of(mine, runs))
-            chosen = self._best_of(mine + ([beyond] if beyond else []), runs)
-            if chosen is not None:
-                best[variant] = chosen
-        return best
-
-    def widening(self, recorded):
-        """--widen: the configs beyond an edge that a variant's best rate on the sweep's rates is at."""
-        runs = {(r["label"], r["seed"]): r for r in self.collect(recorded, seeds=self.seeds)}
-        mine = ([c for c in self.configs if c.variant == variant] for variant in self.variants)
-        return [beyond for beyond in (self._beyond(self._best_of(m, runs)) for m in mine) if beyond]
-
-    def _beyond(self, chosen):
-        """The --widen config beyond *chosen*'s rate, if that rate is an edge of --lr; else None."""
-        if chosen is None or not self.beyond:
-            return None
-        edges = {min(self.lrs): min(self.lrs) / 2, max(self.lrs): max(self.lrs) * 2}
-        return next((c for c in self.beyond if c.variant == chosen.variant and c.lr == edges.get(chosen.lr)), None)
-
-    def _best_of(self, configs, runs):
-        """The config of *configs* with the best mean validation sacreBLEU over the sweep's seeds,
-        once every one has finished them (None before); diverged runs are never best."""
-        if not all((c.label, seed) in runs for c in configs for seed in self.seeds):
-            return None
-        scored = {c: [runs[c.label, seed] for seed in self.seeds] for c in configs}
-        scored = {c: rs for c, rs in scored.items() if all(not r.get("diverged") and r.get("val") for r in rs)}
-        if not scored:
-            return None
-        return max(scored, key=lambda c: statistics.mean(r["val"]["sacrebleu"] for r in scored[c]))
+        runs.sort(key=lambda r: (labels.index(r["label"]), r["seed"]))
+        return StudyRecord({"settings": self.settings(), "runs": runs})
 
     def machines(self, previous):
         """The machine the JSON names: --machine, after the one of *previous* (the JSON this study
@@ -251,25 +207,79 @@ class Study:
             print(f"[quality] wrote {path}")
 
 
-def further_seeds(settings, variant):
-    """The --best-seeds a study's *settings* ask of *variant* at its best rate (of --best-variants only)."""
-    return settings.get("best_seeds", []) if variant in (settings.get("best_variants") or [variant]) else []
-
-
 class StudyRecord:
-    """A study's record: its settings, its runs and a sweep's best rates, as its JSON holds them
-    (load) or as quality.py gathers them; the questions asked of a study, each answered here."""
+    """A study's record: its settings and its runs, as its JSON holds them (load) or as a Study
+    gathers them (Study.record); the questions asked of a study, each answered here."""
 
-    def __init__(self, data):
-        self.data, self.settings, self.runs = data, data["settings"], data["runs"]
-        self.best = data.get("best", {})
+    def __init__(self, data, path=None, parts=None):
+        self.data, self.settings, self.runs, self.path = data, data["settings"], data["runs"], path
         self.layers, self.machine, self.what = self.settings.get("layers"), data.get("machine"), data.get("what")
+        self.parts = parts or [self]  # the studies a record of one depth merges (merged), else itself
         # a sweep lists its rates (the first, post-ln-only sweep committed did not, and compares
         # nothing across variants either way)
         self.sweep = "lrs" in self.settings
-        # the runs compared across seeds: all of them; in a sweep, each variant at its best rate
-        # (none when it chose none)
-        self.compared = [r for r in self.runs if not self.sweep or (r["variant"], r["lr"]) in self.best.items()]
+
+    @classmethod
+    def merged(cls, parts):
+        """Studies of one depth as one record: each variant's runs at its best rate side by side,
+        their settings' variants in order, not a sweep; each study stays in ``parts``."""
+        variants = list(dict.fromkeys(v for part in parts for v in part.settings["variants"]))
+        settings = {**{k: v for k, v in parts[0].settings.items() if k != "lrs"}, "variants": variants}
+        runs = [r for part in parts for r in part.compared]
+        return cls({**parts[0].data, "settings": settings, "runs": runs}, parts=parts)
+
+    def run(self, variant, lr, seed):
+        """The record of *variant*'s run at *lr* with *seed*; None when it is not in."""
+        return next((r for r in self.runs if (r["variant"], r["lr"], r["seed"]) == (variant, lr, seed)), None)
+
+    @property
+    def best(self):
+        """A sweep's chosen rate per variant whose --seeds runs are all in at every rate: the best
+        mean validation sacreBLEU over those seeds; diverged runs are never best. With --widen, a
+        variant whose best is at an edge of --lr is decided only once the rate beyond it is in."""
+        best = {}
+        for variant in self.settings["variants"] if self.sweep else ():
+            lrs = list(self.settings["lrs"])
+            beyond = self._beyond(self._best_of(variant, lrs))
+            chosen = self._best_of(variant, lrs + ([beyond] if beyond else []))
+            if chosen is not None:
+                best[variant] = chosen
+        return best
+
+    def widening(self):
+        """--widen: (variant, rate) beyond the edge of --lr that a variant's best sweep rate is at."""
+        edges = ((v, self._beyond(self._best_of(v, self.settings["lrs"]))) for v in self.settings["variants"])
+        return [(variant, lr) for variant, lr in edges if lr] if self.sweep else []
+
+    def _beyond(self, lr):
+        """The --widen rate beyond *lr* when it is an edge of --lr (half the lowest, twice the highest)."""
+        lrs = self.settings.get("lrs", [])
+        edges = {min(lrs): min(lrs) / 2, max(lrs): max(lrs) * 2} if self.settings.get("widen") and lrs else {}
+        return edges.get(lr)
+
+    def _best_of(self, variant, lrs):
+        """The rate of *lrs* with *variant*'s best mean validation sacreBLEU over the sweep's seeds,
+        once every one is in (None before); diverged runs are never best."""
+        seeds = self.settings["seeds"]
+        runs = {lr: [self.run(variant, lr, seed) for seed in seeds] for lr in lrs}
+        if any(r is None for found in runs.values() for r in found):
+            return None
+        scored = {lr: rs for lr, rs in runs.items() if all(not r.get("diverged") and r.get("val") for r in rs)}
+        if not scored:
+            return None
+        return max(scored, key=lambda lr: statistics.mean(r["val"]["sacrebleu"] for r in scored[lr]))
+
+    @property
+    def compared(self):
+        """The runs compared across seeds: all of them; in a sweep, each variant at its best rate
+        (none when it chose none)."""
+        best = self.best
+        return [r for r in self.runs if not self.sweep or best.get(r["variant"]) == r["lr"]]
+
+    def further_seeds(self, variant):
+        """The --best-seeds the settings ask of *variant* at its best rate (of --best-variants only)."""
+        settings = self.settings
+        return settings.get("best_seeds", []) if variant in (settings.get("best_variants") or [variant]) else []
 
     @classmethod
     def load(cls, path, data):
@@ -289,7 +299,7 @@ class StudyRecord:
                 if not reference.exists():  # another machine's, or a gone run folder's (--quick's first lines)
                     reference = Path(data) / (reference.name.removesuffix(".gz") + ".gz")
                 score["reference"] = str(reference)
-        return cls(record)
+        return cls(record, path=Path(path))
 
     def undecided(self):
         """Per variant of a sweep that has runs in but no best rate yet (its seed-1 runs are not all
@@ -303,7 +313,7 @@ class StudyRecord:
         missing, waiting = {}, self.undecided()
         for variant in (v for v in self.settings["variants"] if v not in waiting):
             present = {r["seed"] for r in self.compared if r["variant"] == variant}
-            wanted = [s for s in self.settings["seeds"] + further_seeds(self.settings, variant) if s not in present]
+            wanted = [s for s in self.settings["seeds"] + self.further_seeds(variant) if s not in present]
             if wanted:
                 missing[variant] = wanted
         return missing

@@ -18,7 +18,6 @@ from common.host import cpu_model
 from common.repo import VENV
 from studies import recipe
 from studies.runs import RunFolder
-from studies.study import further_seeds
 
 WATCH_S = 10  # how often a training's log is read for a divergence
 SLOT_WAIT_S = 10  # how often a run waiting for one of --out's N slots tries again
@@ -41,10 +40,12 @@ def keep_niceness(pid: int) -> None:
         pass
 
 
-def run_all(study, data_dir, recorded, on_finished=None):
+def run_all(study, data_dir, previous=None, on_finished=None):
     """Every (config, seed) of the study, --jobs at a time, seed 1 of every config first; with
-    --best-seeds, a variant's further seeds are queued at its best rate as soon as its sweep is in.
-    *on_finished*() is called each time runs finish (or diverge) while the study goes on."""
+    --widen and --best-seeds, the rate beyond an edge and a variant's further seeds at its best rate
+    are queued as soon as its record (Study.record, with *previous*'s runs) says so. The runs
+    *previous* holds are not trained again. *on_finished*(record) is called each time runs finish
+    (or diverge) while the study goes on."""
     runner = Runner(study, data_dir)
     signal.signal(signal.SIGINT, runner.stop)
     signal.signal(signal.SIGTERM, runner.stop)
@@ -52,7 +53,8 @@ def run_all(study, data_dir, recorded, on_finished=None):
     with ThreadPoolExecutor(max_workers=study.jobs) as pool:
 
         def submit(config, seed):
-            if (config.label, seed) not in recorded and (config.label, seed) not in queued:
+            known = previous is not None and previous.run(config.variant, config.lr, seed) is not None
+            if not known and (config.label, seed) not in queued:
                 queued.add((config.label, seed))
                 pending.add(pool.submit(runner.run, config, seed))
 
@@ -60,20 +62,20 @@ def run_all(study, data_dir, recorded, on_finished=None):
             for config in study.configs:
                 submit(config, seed)
         while True:
-            for config in study.widening(recorded):  # a variant's best at an edge: the rate beyond it
+            record = study.record(previous)
+            for variant, lr in record.widening():  # a variant's best at an edge: the rate beyond it
                 for seed in study.seeds:
-                    submit(config, seed)
-            best = study.best_configs(recorded)
+                    submit(study.config(variant, lr), seed)
             for seed in study.best_seeds:  # seed 2 of every variant before seed 3: partial results stay balanced
-                for variant, config in best.items():
-                    if seed in further_seeds(study.settings(), variant):
-                        submit(config, seed)
+                for variant, lr in record.best.items():
+                    if seed in record.further_seeds(variant):
+                        submit(study.config(variant, lr), seed)
             if not pending:
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             errors += [future.result() for future in done if future.result()]
             if on_finished is not None and not runner.stopping and any(not f.result() for f in done):
-                on_finished()
+                on_finished(study.record(previous))
     if runner.stopping:
         raise SystemExit(130)
     if errors:  # every run that could not train, one line each: the others trained meanwhile

@@ -232,8 +232,8 @@ def test_the_figure_says_which_dots_are_at_the_one_rate_a_variant_ran(tmp_path):
     sweep["runs"] += [{**run, "lr": 4e-3} for run in sweep["runs"]]
     sweep_path.write_text(json.dumps(sweep))
     probe_path = _study(tmp_path / "b", 4, {"deepnorm": {1: 35.7}})
-    group = [(depth_report.load(path, tmp_path), path) for path in (sweep_path, probe_path)]
-    assert depth_report.one_rate([depth_report.same_depth(group)]) == ["deepnorm at 4+4 (0.002)"]
+    group = [depth_report.load(path, tmp_path) for path in (sweep_path, probe_path)]
+    assert depth_report.one_rate([StudyRecord.merged(group)]) == ["deepnorm at 4+4 (0.002)"]
 
 
 def test_a_variant_has_one_colour_in_every_depth_figure_whatever_else_it_draws():
@@ -263,14 +263,18 @@ def test_a_variant_whose_rate_is_not_chosen_yet_is_said_so_not_listed_as_missing
     study = json.loads(path.read_text())
     widened = {**study["runs"][0], "lr": 4e-3, "label": "pre-ln lr=0.004"}  # pre-ln at both rates, undecided
     study["runs"].append({**widened, "test_sets": {TEST_SET: {**widened["test_sets"][TEST_SET], "sacrebleu": 99.0}}})
+    # deepnorm chose 2e-3 over 4e-3 and, 2e-3 being an edge, over 1e-3 beyond it, on validation
+    deepnorm = study["runs"][1]
+    study["runs"] += [{**deepnorm, "lr": lr, "val": {**deepnorm["val"], "sacrebleu": 30.0}} for lr in (4e-3, 1e-3)]
     study["settings"].update(lrs=[2e-3, 4e-3], widen=True, best_seeds=[2, 3])
     study["settings"]["seeds"] = [1]
     study["best"] = {"deepnorm": 2e-3}
     path.write_text(json.dumps(study))
     out = _report(capsys, _study(tmp_path / "4", 4, shallow), path, "--figure", tmp_path / "depth.png")
     eighteen = out[out.index("### 18+18 layers") : out.index("### Depth against depth")]
-    assert "peak lr the best of 0.002, 0.004 and the rate beyond an edge (--widen) on validation BLEU (seed 1): " in (
-        eighteen
+    assert (
+        "peak lr the best of 0.001, 0.002, 0.004 and the rate beyond an edge (--widen) on validation BLEU (seed 1): "
+        in (eighteen)
     )
     assert "deepnorm 0.002." in eighteen
     assert "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains): " in (

@@ -180,7 +180,7 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
         str(tmp_path / "q"),
     ]
     args = _parse(argv)
-    supervise.run_all(args, data, {})
+    supervise.run_all(args, data)
     out = tmp_path / "q"
     assert not (out / "realformer-lr0.002" / "seed1" / "waited-for").exists(), "stopped, not waited for"
     trained = (out / "trained").read_text().split()
@@ -194,10 +194,9 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
     where = json.loads((out / "realformer-lr0.002" / "seed1" / "diverged.json").read_text())
     assert where["update"] == 200 and where["first_epoch_loss"] == 10.8
 
-    supervise.run_all(args, data, {})  # run again: everything is finished or diverged, nothing trains
+    supervise.run_all(args, data)  # run again: everything is finished or diverged, nothing trains
     assert len((out / "trained").read_text().split()) == 6
-    best = args.best_configs({})
-    assert {variant: config.lr for variant, config in best.items()} == {"post-ln": 2e-3, "realformer": 1e-3}
+    assert args.record().best == {"post-ln": 2e-3, "realformer": 1e-3}
     # what dropout_gap.py --json leaves in a run folder (quality.py --dropout-gap): local paths become names
     rows = [(f"{out}/post-ln-lr0.001/seed1/checkpoints/checkpoint{e}.pt", 4 * e, 11.5, 6.9) for e in (1, 2)]
     rows.append((f"{out}/post-ln-lr0.001/seed1/checkpoints/checkpoint_avg.pt", 8, 10.9, 6.7))
@@ -210,7 +209,7 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
             }
         )
     )
-    runs = args.collect({})
+    runs = args.record().runs
     assert [row["checkpoint"] for row in runs[0]["dropout_gap"]["rows"]] == [
         "checkpoint1.pt",
         "checkpoint2.pt",
@@ -348,7 +347,7 @@ def test_runs_that_cannot_train_are_each_named_and_keep_no_other_run_from_traini
 
     monkeypatch.setattr(supervise, "Runner", Runner)
     with pytest.raises(SystemExit) as stopped:
-        supervise.run_all(args, data, {})
+        supervise.run_all(args, data)
     assert sorted(trained) == sorted((config.label, 1) for config in args.configs)
     lines = str(stopped.value).splitlines()
     assert sorted(lines) == sorted(
@@ -368,20 +367,14 @@ def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, 
     )
     val = {("post-ln", 2e-3): 30.0, ("post-ln", 4e-3): 31.0, ("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0}
     val.update({("admin", 2e-3): 37.0, ("admin", 4e-3): 34.0})
-    recorded = {
-        (c.label, 1): {
-            "variant": c.variant,
-            "lr": c.lr,
-            "label": c.label,
-            "seed": 1,
-            "val": {"sacrebleu": val[c.variant, c.lr]},
-        }
+    runs = [
+        {"variant": c.variant, "lr": c.lr, "label": c.label, "seed": 1, "val": {"sacrebleu": val[c.variant, c.lr]}}
         for c in args.configs
-    }
+    ]
     trained = []
     monkeypatch.setattr(supervise, "Runner", _recording_runner(trained))
     args.jobs = 1
-    supervise.run_all(args, data, recorded)
+    supervise.run_all(args, data, StudyRecord({"settings": args.settings(), "runs": runs}))
     assert trained == [("pre-ln lr=0.004", 2), ("admin lr=0.002", 2), ("pre-ln lr=0.004", 3), ("admin lr=0.002", 3)]
 
 
@@ -474,9 +467,8 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
     study.write_text(json.dumps({"settings": settings, "runs": runs, "machine": "VM A"}))
     sweep = _parse([*single, "--lr", "1e-3,2e-3", "--best-seeds", "2,3", "--json", str(study)])
     previous = sweep.previous()
-    recorded = sweep.recorded(previous)
-    assert sorted(recorded) == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
-    assert recorded["admin lr=0.002", 1]["label"] == "admin lr=0.002"
+    taken = sweep.record(previous).runs
+    assert [(r["label"], r["seed"]) for r in taken] == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
     assert sweep.machines(previous) == f"VM A; later runs: {sweep.machine}"  # where its runs trained, and these
     sweep.machine = "VM A"
     assert sweep.machines(previous) == "VM A"
@@ -536,11 +528,11 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     quality, data, args = _sweep(tmp_path, "--best-seeds", "2,3", "--variants", "pre-ln,deepnorm", "--widen")
     val = {("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0, ("pre-ln", 8e-3): 37.0}
     val.update({("deepnorm", 1e-3): 35.0, ("deepnorm", 2e-3): 36.0, ("deepnorm", 4e-3): 34.0})
-    recorded = {}
+    previous = StudyRecord({"settings": args.settings(), "runs": []})
 
     def record(config, seed):
         run = {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed}
-        recorded[config.label, seed] = {**run, "val": {"sacrebleu": val[config.variant, config.lr]}}
+        previous.runs.append({**run, "val": {"sacrebleu": val[config.variant, config.lr]}})
 
     for config in args.configs:
         record(config, 1)
@@ -548,13 +540,13 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     monkeypatch.setattr(supervise, "Runner", _recording_runner(trained, then=record))
     args.jobs = 1
     reports = []  # quality.py reports (and writes --json) each time runs finish: commit them as they come
-    supervise.run_all(args, data, recorded, lambda: reports.append(len(recorded)))
+    supervise.run_all(args, data, previous, lambda record: reports.append(len(record.runs)))
     assert trained[:2] == [("pre-ln lr=0.008", 1), ("deepnorm lr=0.001", 1)]
     assert reports and reports[0] in (5, 6) and reports[-1] == 10  # after the first (or two), and the last
     assert sorted(trained[2:]) == sorted(
         [("pre-ln lr=0.008", s) for s in (2, 3)] + [("deepnorm lr=0.002", s) for s in (2, 3)]
     )
-    assert {v: c.lr for v, c in args.best_configs(recorded).items()} == {"pre-ln": 8e-3, "deepnorm": 2e-3}
+    assert args.record(previous).best == {"pre-ln": 8e-3, "deepnorm": 2e-3}
     assert args.settings()["widen"] is True and args.settings()["lrs"] == [2e-3, 4e-3]
 
 
@@ -711,10 +703,10 @@ def test_a_study_writes_its_json_after_each_run_not_only_the_first(tmp_path):
         run.update(folder=f"{variant}/seed1", best_valid_loss=4.4, updates=2640, wall_s=60.0, tokens_per_s=900.0)
         runs.append({**run, "test_sets": {"test_2016_flickr": score}})
     study_json.write_text(json.dumps({"settings": study.settings(), "runs": runs, "machine": "VM A"}))
-    recorded = study.recorded(study.previous())
-    quality.report(study, outputs, [], recorded, show=False)  # after the first run that finishes
+    record = study.record(study.previous())
+    quality.report(study, outputs, [], record, show=False)  # after the first run that finishes
     first = json.loads(study_json.read_text())
-    quality.report(study, outputs, [], recorded, show=False)  # and after the next: it failed here
+    quality.report(study, outputs, [], record, show=False)  # and after the next: it failed here
     again = json.loads(study_json.read_text())
     assert [c["a"] for c in again["comparisons"]] == ["realformer"] and again["runs"] == first["runs"]
     assert all("hypotheses" not in s for r in again["runs"] for s in r["test_sets"].values())  # no local paths
