@@ -1,8 +1,8 @@
 """Is DeepNorm's collapse the plugin's or the method's? The plugin's ``--backbone deepnorm`` model
-and torchscale's (the DeepNet authors' library) ``EncoderDecoder(deepnorm=True)``, built at the same
-size, given the same initial weights, checked to compute the same forward pass, then trained side by
-side on the same Multi30k batches with the same optimizer, schedule, loss and dropout masks, and
-measured every few updates as studies/source_use.py measures a checkpoint.
+and torchscale's (the DeepNet authors' library) ``EncoderDecoder(deepnorm=True)``, built at one size
+from the same initial weights and checked to compute the same forward pass, trained side by side on
+the same Multi30k batches with the same optimizer, schedule, loss and dropout masks, and measured
+every few updates as studies/source_use.py measures a checkpoint.
 
     pip install --no-deps torchscale fairscale==0.4.0   # a study tool, not a requirement (see below)
     pip uninstall -y torchscale fairscale               # after: see below
@@ -11,45 +11,36 @@ measured every few updates as studies/source_use.py measures a checkpoint.
     python studies/deepnorm_vs_torchscale.py --layers 18 --lr 1e-3 --updates 200
     python studies/deepnorm_vs_torchscale.py --arms plugin,torchscale,torchscale-own-init
 
-The plugin's model is built as the study builds it: fairseq's parser with the flags the study gives
-fairseq-train (examples/multi30k/run.sh's, common/presets.py's "cpu" preset, the variant's
-``--residual-attention-paths none --backbone deepnorm``), from --seed, on --data. torchscale's model
-takes fairseq's token embedding (shared by encoder, decoder and output, as --share-all-embeddings)
-and fairseq's sinusoidal positions, as torchscale's own fairseq example (examples/fairseq/models/
-machine_translation.py) builds its MT model, with that example's settings: the embeddings scaled by
-√d (``no_scale_embedding=False``; the config's default is True), ReLU, the source and target padding
-masks handed to the encoder and decoder (``EncoderDecoder.forward`` hands neither). The plugin's
-initial weights are then copied into torchscale's model, parameter for parameter (the only renaming:
-a layer's ``fc1``/``fc2`` are ``ffn.fc1``/``ffn.fc2`` there): the plugin's initialisation is the one
-whose training collapsed, so both start from it, and any difference in training is one of structure,
-not of the draw. ``torchscale-own-init`` adds torchscale's model with torchscale's own initialisation
-(drawn from --seed: PyTorch's default Linear initialisation, since its attention never calls its
-``reset_parameters``, then its DeepNorm scaling, whose encoder β is 1.15·(N⁴M)^(−1/16) where the
-paper has 0.87).
+The plugin's model: fairseq's parser given the study's fairseq-train flags (examples/multi30k/
+run.sh's, common/presets.py's "cpu" preset, ``--residual-attention-paths none --backbone
+deepnorm``), from --seed, on --data. torchscale's takes fairseq's token embedding (shared by
+encoder, decoder and output, as --share-all-embeddings) and sinusoidal positions, with the settings
+of torchscale's fairseq example (examples/fairseq/models/machine_translation.py): embeddings scaled
+by √d (``no_scale_embedding=False``; the config's default is True), ReLU, the padding masks handed
+to encoder and decoder (``EncoderDecoder.forward`` hands neither). The plugin's initial weights,
+whose training collapsed, are copied into it parameter for parameter (a layer's ``fc1``/``fc2`` are
+``ffn.fc1``/``ffn.fc2`` there): any difference in training is one of structure, not of the draw.
+``torchscale-own-init`` adds torchscale's model with its own initialisation from --seed (PyTorch's
+default Linear one, since its attention never calls its ``reset_parameters``, then its DeepNorm
+scaling, whose encoder β is 1.15·(N⁴M)^(−1/16) where the paper has 0.87).
 
-Training is a hand loop over fairseq's own batch iterator (the study's batches in the study's
-order, epoch by epoch), for each model in turn, as fairseq's Trainer steps: the dropout seed
---seed + updates before each update, the label-smoothed loss summed over the batch, gradients
-divided by its target tokens, no clipping (the recipe's --clip-norm is fairseq's default 0),
-fairseq's Adam and its polynomial_decay schedule (warm-up from 0 over --warmup updates, then
-linear to 0 at 20 epochs' updates, as the "cpu" preset). torchscale's tensors are batch-major,
-fairseq's time-major: its layers' dropout draws its mask on the time-major layout, so that the same
-seed drops the same units in both models.
-
-Every --every updates and at each epoch's end (where the study's fairseq-train validated and saved
-the checkpoints that source_use.py measured), each model on --subset (all of it, in fairseq's
-validation order): the label-smoothed and plain (NLL) loss in bits per target token, the NLL with
-each source swapped for its batch neighbour's, and the token spread of the encoder after the
-embedding, each layer and at the output (source_use.py's measure: E‖x − x̄‖² / E‖x‖² over the real
-source tokens).
+Training is a hand loop over fairseq's batch iterator (the study's batches in its order), each model
+stepped as fairseq's Trainer steps: dropout seed --seed + updates, the label-smoothed loss summed
+over the batch, gradients divided by its target tokens, no clipping (the recipe's --clip-norm is
+fairseq's default 0), fairseq's Adam and polynomial_decay (warm-up from 0 over --warmup updates,
+then linear to 0 after --epochs epochs, as the "cpu" preset). torchscale's tensors are batch-major,
+fairseq's time-major: its layers' dropout draws its mask on the time-major layout, so one seed drops
+the same units in both. Every --every updates and at each epoch's end (where the study's
+fairseq-train validated and saved the checkpoints source_use.py measured), each model on all of
+--subset: the label-smoothed and NLL loss (bits per target token), the NLL with each source swapped
+for its batch neighbour's, and the encoder's token spread by layer (source_use.py's measure).
 
 torchscale 0.3.0 imports fairscale (which installs without its dependencies) and timm (for its
-drop-path, which needs torchvision, a binary built for one torch): when timm cannot be imported, a
-stand-in for ``timm.models.layers.drop_path`` is registered that refuses to run; drop-path is off
-(``drop_path_rate`` 0), so it is never called. Uninstall both when done: with fairscale installed
-fairseq imports it, and fairseq-train processes of the test suite (tests/test_fast_update.py)
-aborted at exit ("terminate called without an active exception", 6 errors; 9 passed once it was
-uninstalled, 2026-12-01).
+drop-path, which needs torchvision, a binary built for one torch): without timm, a stand-in for
+``timm.models.layers.drop_path`` that refuses to run is registered; drop-path is off
+(``drop_path_rate`` 0). Uninstall both when done: with fairscale installed fairseq imports it, and
+the test suite's fairseq-train processes (tests/test_fast_update.py) aborted at exit ("terminate
+called without an active exception", 6 errors; 9 passed once it was uninstalled, 2026-12-01).
 """
 
 import argparse
@@ -59,46 +50,48 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+from torch import nn
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
+from common.host import host
 from common.presets import PRESETS
 from common.repo import REPO, USER_DIR, VARIANTS, repo_relative, write_result
 from studies.checkpoints import InputError, batches, import_plugin
 
 PROG = "deepnorm_vs_torchscale.py"
 INSTALL = "pip install --no-deps torchscale fairscale==0.4.0"
-DEFAULT_DATA = REPO / "runs" / "depth-18" / "data" / "bin"
 ARMS = ("plugin", "torchscale", "torchscale-own-init")
 RECIPE_ARCH = "realformer_iwslt_de_en"
 UPDATES_PER_EPOCH = 132  # of the study's data at --max-tokens 4096 (runs/depth-18/data/updates_per_epoch)
+# flag, default (its type is the flag's), help
+OPTIONS = (
+    ("--data", str(REPO / "runs" / "depth-18" / "data" / "bin"), "binarised en-de data"),
+    ("--layers", 4, "encoder and decoder layers"),
+    ("--lr", 2e-3, "peak learning rate"),
+    ("--seed", 1, "initialisation and dropout seed"),
+    ("--updates", 660, "updates to train (660: 5 epochs)"),
+    ("--every", 25, "measure every N updates"),
+    ("--warmup", PRESETS["cpu"].warmup, "warm-up updates"),
+    ("--epochs", PRESETS["cpu"].epochs, "the schedule's length in epochs: the rate reaches 0 after this many"),
+    ("--subset", "valid", "the split measured"),
+    ("--max-tokens", 4096, "tokens per batch"),
+    ("--threads", 2, "torch threads"),
+    ("--arms", "plugin,torchscale", f"models to train, of {', '.join(ARMS)}"),
+)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="binarised en-de data (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=4, help="encoder and decoder layers (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=1, help="initialisation and dropout seed (default: %(default)s)")
-    p.add_argument("--updates", type=int, default=660, help="updates to train (default: %(default)s, 5 epochs)")
-    p.add_argument("--every", type=int, default=25, help="measure every N updates (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=PRESETS["cpu"].warmup, help="warm-up updates (default: %(default)s)")
-    p.add_argument(
-        "--epochs",
-        type=int,
-        default=PRESETS["cpu"].epochs,
-        help="the schedule's length in epochs: the rate reaches 0 after this many (default: %(default)s)",
-    )
-    p.add_argument("--subset", default="valid", help="the split measured (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
-    p.add_argument(
-        "--arms", default="plugin,torchscale", help=f"models to train, of {', '.join(ARMS)} (default: %(default)s)"
-    )
+    for flag, default, what in OPTIONS:
+        p.add_argument(flag, type=type(default), default=default, help=f"{what} (default: %(default)s)")
     p.add_argument("--check-only", action="store_true", help="only build the models and compare their passes")
     p.add_argument(
         "--json",
         metavar="FILE",
-        help="write the result here (default: studies/results/cpu-deepnorm-vs-"
-        "torchscale-LAYERS-multi30k-en-de.json; with --check-only, none)",
+        help="write the result here (default: studies/results/cpu-deepnorm-vs-torchscale-LAYERS-multi30k-en-de.json; "
+        "with --check-only, none)",
     )
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -107,7 +100,7 @@ def parse_args(argv=None):
         p.error(f"--arms: unknown {', '.join(unknown) or 'nothing given'}; choose from {', '.join(ARMS)}")
     for flag in ("layers", "updates", "every", "threads", "epochs"):
         if getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
+            p.error(f"--{flag} {getattr(args, flag)}: must be at least 1")
     return args
 
 
@@ -115,8 +108,8 @@ def parse_args(argv=None):
 
 
 def import_torchscale():
-    """torchscale's EncoderDecoder and its config, and its version; InputError saying how to install
-    it. timm (for drop-path only) gets a stand-in when it cannot be imported (see the docstring)."""
+    """torchscale's EncoderDecoder, its config and its version; InputError saying how to install it.
+    timm (for drop-path only) gets a stand-in when it cannot be imported (see the docstring)."""
     import importlib.metadata
     import types
 
@@ -129,11 +122,9 @@ def import_torchscale():
         def drop_path(*_, **__):
             raise NotImplementedError("timm stand-in (deepnorm_vs_torchscale.py): drop-path is off here")
 
-        layers = types.ModuleType("timm.models.layers")
-        layers.drop_path = drop_path
-        timm, models = types.ModuleType("timm"), types.ModuleType("timm.models")
-        timm.models, models.layers = models, layers
-        sys.modules.update({"timm": timm, "timm.models": models, "timm.models.layers": layers})
+        timm, models, layers = map(types.ModuleType, ("timm", "timm.models", "timm.models.layers"))
+        timm.models, models.layers, layers.drop_path = models, layers, drop_path
+        sys.modules.update({m.__name__: m for m in (timm, models, layers)})
     try:
         from torchscale.architecture.config import EncoderDecoderConfig
         from torchscale.architecture.encoder_decoder import EncoderDecoder
@@ -143,9 +134,8 @@ def import_torchscale():
 
 
 def torchscale_config(args, vocab_size: int):
-    """torchscale's EncoderDecoderConfig for the fairseq model of *args* (a fairseq Namespace),
-    with torchscale's fairseq example's settings; ValueError where the fairseq model has a part that
-    this mapping does not build."""
+    """torchscale's config for the fairseq model of *args* (a fairseq Namespace), with torchscale's
+    fairseq example's settings; ValueError where the fairseq model has a part this mapping lacks."""
     _, EncoderDecoderConfig, _ = import_torchscale()
     refused = {
         "--share-all-embeddings": not args.share_all_embeddings,
@@ -157,84 +147,62 @@ def torchscale_config(args, vocab_size: int):
     }
     if any(refused.values()):
         raise ValueError(f"not mapped to torchscale: {', '.join(k for k, v in refused.items() if v)}")
+    sizes = ("embed_dim", "ffn_embed_dim", "attention_heads", "layers")
+    same = [f"{side}_{size}" for side in ("encoder", "decoder") for size in sizes]
+    same += ["activation_fn", "dropout", "attention_dropout", "activation_dropout"]
+    same += ["max_source_positions", "max_target_positions"]
     return EncoderDecoderConfig(
         deepnorm=True,  # sets Post-LN and no sub-LayerNorm
-        encoder_embed_dim=args.encoder_embed_dim,
-        encoder_ffn_embed_dim=args.encoder_ffn_embed_dim,
-        encoder_attention_heads=args.encoder_attention_heads,
-        encoder_layers=args.encoder_layers,
-        decoder_embed_dim=args.decoder_embed_dim,
-        decoder_ffn_embed_dim=args.decoder_ffn_embed_dim,
-        decoder_attention_heads=args.decoder_attention_heads,
-        decoder_layers=args.decoder_layers,
-        activation_fn=args.activation_fn,
-        dropout=args.dropout,
-        attention_dropout=args.attention_dropout,
-        activation_dropout=args.activation_dropout,
         no_scale_embedding=False,  # fairseq scales by √d; torchscale's config does not by default
         layernorm_embedding=False,
         share_all_embeddings=True,
         vocab_size=vocab_size,
-        max_source_positions=args.max_source_positions,
-        max_target_positions=args.max_target_positions,
         layernorm_eps=1e-5,  # fairseq's LayerNorm
+        **{name: getattr(args, name) for name in same},
     )
 
 
-def time_major_dropout(module):
-    """*module* (an ``nn.Dropout``) drawing its mask on the time-major (T x B x C) layout fairseq's
-    layers drop on, for its batch-major input: the same seed then drops the same units."""
-    import torch.nn.functional as F
-    from torch import nn
-
-    class TimeMajorDropout(nn.Dropout):
-        def forward(self, x):
-            if not self.training or self.p == 0:
-                return x
-            return F.dropout(x.transpose(0, 1).contiguous(), self.p, True).transpose(0, 1)
-
-    return TimeMajorDropout(module.p)
+class TimeMajorDropout(nn.Dropout):  # the mask drawn as fairseq's layers draw it (T x B x C)
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        return F.dropout(x.transpose(0, 1).contiguous(), self.p, True).transpose(0, 1)
 
 
 def build_torchscale(args, dictionary, align_dropout: bool = True):
     """torchscale's DeepNorm EncoderDecoder for the fairseq model of *args*, in a wrapper that
-    fairseq's criterion, batches and source_use.measure take as a fairseq model."""
+    fairseq's criterion, batches and source_use.measure take as a fairseq model; *align_dropout*: its
+    layers' dropout draws on the time-major layout."""
     from fairseq import utils
     from fairseq.models.transformer import Embedding
     from fairseq.modules import PositionalEmbedding
-    from torch import nn
 
     EncoderDecoder, _, _ = import_torchscale()
     config = torchscale_config(args, len(dictionary))
     pad = dictionary.pad()
 
     class TorchscaleTranslation(nn.Module):
-        """torchscale's model as torchscale's fairseq example calls it (padding masks given),
-        answering as a fairseq encoder-decoder: logits B x T x V, and ``encoder()``'s states T x B x C."""
+        """As torchscale's fairseq example calls it (padding masks given), answering as a fairseq
+        encoder-decoder: logits B x T x V, and ``encoder()``'s states T x B x C."""
 
         def __init__(self):
             super().__init__()
             embed = Embedding(len(dictionary), config.encoder_embed_dim, pad)  # fairseq's N(0, d^-1/2)
-            positions = [
-                PositionalEmbedding(n, config.encoder_embed_dim, pad, learned=False)
-                for n in (config.max_source_positions, config.max_target_positions)
-            ]
-            self.ts = EncoderDecoder(
-                config,
-                encoder_embed_tokens=embed,
-                encoder_embed_positions=positions[0],
-                decoder_embed_positions=positions[1],
+            source, target = (
+                PositionalEmbedding(n, config.encoder_embed_dim, pad, learned=False) for n in self.max_positions()
             )
-            self.pad = pad
+            self.ts = EncoderDecoder(
+                config, encoder_embed_tokens=embed, encoder_embed_positions=source, decoder_embed_positions=target
+            )
 
         def forward(self, src_tokens, src_lengths=None, prev_output_tokens=None, **_):
-            encoder_out = self.ts.encoder(src_tokens, encoder_padding_mask=src_tokens.eq(self.pad))
+            encoder_out = self.ts.encoder(src_tokens, encoder_padding_mask=src_tokens.eq(pad))
             return self.ts.decoder(
-                prev_output_tokens, self_attn_padding_mask=prev_output_tokens.eq(self.pad), encoder_out=encoder_out
+                prev_output_tokens, self_attn_padding_mask=prev_output_tokens.eq(pad), encoder_out=encoder_out
             )
 
         def encoder(self, src_tokens, src_lengths=None, return_all_hiddens=False):
-            out = self.ts.encoder(src_tokens, encoder_padding_mask=src_tokens.eq(self.pad), return_all_hiddens=True)
+            out = self.ts.encoder(src_tokens, encoder_padding_mask=src_tokens.eq(pad), return_all_hiddens=True)
             return {
                 "encoder_out": [out["encoder_out"].transpose(0, 1)],
                 "encoder_states": [x.transpose(0, 1) for x in out["encoder_states"]] if return_all_hiddens else [],
@@ -242,8 +210,7 @@ def build_torchscale(args, dictionary, align_dropout: bool = True):
             }
 
         def get_normalized_probs(self, net_output, log_probs, sample=None):
-            logits = net_output[0]
-            return utils.log_softmax(logits, dim=-1) if log_probs else utils.softmax(logits, dim=-1)
+            return (utils.log_softmax if log_probs else utils.softmax)(net_output[0], dim=-1)
 
         def get_targets(self, sample, net_output):
             return sample["target"]
@@ -253,18 +220,10 @@ def build_torchscale(args, dictionary, align_dropout: bool = True):
 
     model = TorchscaleTranslation()
     if align_dropout:
-        for stack in (model.ts.encoder, model.ts.decoder):
-            for layer in stack.layers:
-                layer.dropout_module = time_major_dropout(layer.dropout_module)
-                layer.ffn.dropout_module = time_major_dropout(layer.ffn.dropout_module)
+        for layer in [*model.ts.encoder.layers, *model.ts.decoder.layers]:
+            layer.dropout_module = TimeMajorDropout(layer.dropout_module.p)
+            layer.ffn.dropout_module = TimeMajorDropout(layer.ffn.dropout_module.p)
     return model
-
-
-def torchscale_name(plugin_name: str) -> str:
-    """The torchscale parameter that the plugin's *plugin_name* maps to (inside the wrapper)."""
-    for fc in ("fc1", "fc2"):
-        plugin_name = plugin_name.replace(f".{fc}.", f".ffn.{fc}.")
-    return "ts." + plugin_name
 
 
 def parameter_pairs(plugin, torchscale):
@@ -273,27 +232,22 @@ def parameter_pairs(plugin, torchscale):
     theirs = dict(torchscale.named_parameters())
     pairs, missing = [], []
     for name, p in plugin.named_parameters():
-        other = theirs.pop(torchscale_name(name), None)
+        their_name = "ts." + name.replace(".fc1.", ".ffn.fc1.").replace(".fc2.", ".ffn.fc2.")
+        other = theirs.pop(their_name, None)
         if other is None or other.shape != p.shape:
             missing.append(name)
         else:
-            pairs.append((name, p, torchscale_name(name), other))
+            pairs.append((name, p, their_name, other))
     if missing or theirs:
         raise ValueError(f"unpaired: plugin {missing}, torchscale {sorted(theirs)}")
     return pairs
 
 
-def copy_weights(source, target, pairs, plugin_to_torchscale: bool = True) -> None:
-    """Copy every paired parameter from the plugin's model into torchscale's (or the reverse)."""
-    import torch
-
+def copy_weights(plugin, torchscale, pairs=None) -> None:
+    """Copy every parameter of the plugin's model into torchscale's (*pairs*: parameter_pairs's)."""
     with torch.no_grad():
-        for _, mine, _, theirs in pairs:
-            (theirs if plugin_to_torchscale else mine).copy_(mine if plugin_to_torchscale else theirs)
-
-
-def max_parameter_difference(pairs) -> float:
-    return max(float((mine - theirs).abs().max()) for _, mine, _, theirs in pairs)
+        for _, mine, _, theirs in pairs or parameter_pairs(plugin, torchscale):
+            theirs.copy_(mine)
 
 
 # --- the plugin's model, the study's way ------------------------------------------------------------
@@ -317,40 +271,36 @@ def study_flags(data, layers: int, lr: float, seed: int, warmup: int, total: int
 
 
 def setup(flags, subset: str):
-    """(fairseq cfg, args, task) of *flags*, with the training data and *subset* loaded."""
+    """(fairseq cfg, task) of *flags*, with the training data and *subset* loaded."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    args = options.parse_args_and_arch(options.get_training_parser(), flags)
-    cfg = convert_namespace_to_omegaconf(args)
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
     task = tasks.setup_task(cfg.task)
     task.load_dataset(cfg.dataset.train_subset, epoch=1, combine=True)
     task.load_dataset(subset, combine=False, epoch=1)
-    return cfg, args, task
+    return cfg, task
 
 
 def train_iterator(cfg, task, model):
-    """fairseq's epoch iterator over the training batches, as Trainer.get_train_iterator builds it
-    for one process (no loader workers: the same batches, made in this process)."""
+    """fairseq's epoch iterator over the training batches, as Trainer.get_train_iterator builds it for
+    one process at epoch 1 (no loader workers: the same batches, made in this process)."""
     from fairseq import utils
 
+    data = cfg.dataset
     return task.get_batch_iterator(
-        dataset=task.dataset(cfg.dataset.train_subset),
-        max_tokens=cfg.dataset.max_tokens,
-        max_sentences=cfg.dataset.batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(), cfg.dataset.max_tokens),
+        dataset=task.dataset(data.train_subset),
+        max_tokens=data.max_tokens,
+        max_sentences=data.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(), data.max_tokens),
         ignore_invalid_inputs=True,
-        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
-        seed=(cfg.common.seed + 1) if cfg.dataset.update_ordered_indices_seed else cfg.common.seed,
-        num_shards=1,
-        shard_id=0,
-        num_workers=0,
-        epoch=1,
+        seed=(cfg.common.seed + 1) if data.update_ordered_indices_seed else cfg.common.seed,
         disable_iterator_cache=True,  # a fresh iterator at epoch 1 each call
-        data_buffer_size=cfg.dataset.data_buffer_size,
+        required_batch_size_multiple=data.required_batch_size_multiple,
+        data_buffer_size=data.data_buffer_size,
         skip_remainder_batch=cfg.optimization.skip_remainder_batch,
-        grouped_shuffling=cfg.dataset.grouped_shuffling,
-        update_epoch_batch_itr=cfg.dataset.update_epoch_batch_itr,
+        grouped_shuffling=data.grouped_shuffling,
+        update_epoch_batch_itr=data.update_epoch_batch_itr,
     )
 
 
@@ -361,8 +311,6 @@ def logits_difference(plugin, torchscale, sample, pad: int, encoder: bool = True
     """Max |plugin − torchscale| of the logits at the real target positions, and (*encoder*) of the
     encoder output at the real source positions. In the models' current mode: with dropout on, both
     passes draw from the same generator state."""
-    import torch
-
     net_input = sample["net_input"]
     rng = torch.get_rng_state()
     ours = plugin(**net_input)[0]
@@ -372,34 +320,34 @@ def logits_difference(plugin, torchscale, sample, pad: int, encoder: bool = True
     out = {"logits": float((ours - theirs)[real].abs().max()), "logit_scale": float(ours[real].abs().max())}
     if encoder:
         with torch.no_grad():
-            encoded = [
-                m.encoder(net_input["src_tokens"], net_input["src_lengths"])["encoder_out"][0]
-                for m in (plugin, torchscale)
-            ]
-        out["encoder_out"] = float((encoded[0] - encoded[1])[net_input["src_tokens"].ne(pad).t()].abs().max())
+            src = net_input["src_tokens"]
+            mine, theirs = (m.encoder(src, net_input["src_lengths"])["encoder_out"][0] for m in (plugin, torchscale))
+        out["encoder_out"] = float((mine - theirs)[src.ne(pad).t()].abs().max())
     return out
 
 
 def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_tokens, seed, batches_checked=8):
     """The two models' passes compared: eval mode on the first *batches_checked* batches of *subset*;
-    train mode (dropout on, one seed) on the first training batch, with its loss and gradients."""
-    import torch
+    train mode (dropout on, one seed) on the first training batch, with its loss and gradients, and
+    with torchscale's own (batch-major) dropout masks."""
     from fairseq import utils
 
     pad = task.source_dictionary.pad()
     plugin.eval(), torchscale.eval()
     worst = {"logits": 0.0, "logit_scale": 0.0, "encoder_out": 0.0}
     with torch.no_grad():
-        for i, sample in enumerate(batches(plugin, task, subset, max_tokens)):
-            if i == batches_checked:
-                break
+        for _, sample in zip(range(batches_checked), batches(plugin, task, subset, max_tokens)):
             d = logits_difference(plugin, torchscale, sample, pad)
             worst = {k: max(worst[k], d[k]) for k in worst}
     sample = next(iter(train_iterator(cfg, task, plugin).next_epoch_itr(shuffle=True)))
-    plugin.train(), torchscale.train()
+    unaligned = build_torchscale(plugin.args, task.source_dictionary, align_dropout=False)
+    copy_weights(plugin, unaligned)
+    plugin.train(), torchscale.train(), unaligned.train()
     with torch.no_grad():
         utils.set_torch_seed(seed)
         train_mode = logits_difference(plugin, torchscale, sample, pad, encoder=False)
+        utils.set_torch_seed(seed)
+        batch_major = logits_difference(plugin, unaligned, sample, pad, encoder=False)["logits"]
     losses = []
     for model in (plugin, torchscale):
         model.zero_grad(set_to_none=True)
@@ -408,12 +356,6 @@ def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_t
         (loss / sample_size).backward()
         losses.append(float(loss.detach()) / sample_size / math.log(2))
     grad = max(float((a.grad - b.grad).abs().max()) for _, a, _, b in pairs)
-    unaligned = build_torchscale(plugin.args, task.source_dictionary, align_dropout=False)
-    copy_weights(plugin, unaligned, parameter_pairs(plugin, unaligned))
-    unaligned.train()
-    with torch.no_grad():
-        utils.set_torch_seed(seed)
-        batch_major = logits_difference(plugin, unaligned, sample, pad, encoder=False)["logits"]
     grad_scale = max(float(a.grad.abs().max()) for _, a, _, _ in pairs)
     for model in (plugin, torchscale):
         model.zero_grad(set_to_none=True)
@@ -430,105 +372,82 @@ def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_t
     }
 
 
-def structural_ablations(plugin, args, dictionary, task, subset, max_tokens, pairs_of) -> dict:
+def structural_ablations(plugin, args, dictionary, task, subset, max_tokens) -> dict:
     """How far the logits move when torchscale's model is built or called with its own defaults
     instead of the settings above (eval mode, first batch of *subset*): each is a difference a
     straight use of torchscale would have."""
-    import torch
-
-    pad = dictionary.pad()
     sample = next(iter(batches(plugin, task, subset, max_tokens)))
-    net_input = sample["net_input"]
-    real = sample["target"].ne(pad)
-    plugin.eval()
-    with torch.no_grad():
-        ours = plugin(**net_input)[0]
-    out = {}
-
-    def compare(name, model, call):
-        copy_weights(plugin, model, pairs_of(model))
-        model.eval()
-        with torch.no_grad():
-            out[name] = float((ours - call(model))[real].abs().max())
-
-    base = build_torchscale(args, dictionary)
-    compare("as mapped", base, lambda m: m(**net_input)[0])
-    compare(
-        "EncoderDecoder.forward (no padding masks)",
-        base,
-        lambda m: m.ts(net_input["src_tokens"], net_input["prev_output_tokens"])[0],
-    )
-    unscaled = build_torchscale(args, dictionary)
+    net_input, real = sample["net_input"], sample["target"].ne(dictionary.pad())
+    mapped, unscaled, gelu = (build_torchscale(args, dictionary) for _ in range(3))
     for stack in (unscaled.ts.encoder, unscaled.ts.decoder):
         stack.embed_scale = 1.0
-    compare("no_scale_embedding=True (the config's default)", unscaled, lambda m: m(**net_input)[0])
-    gelu = build_torchscale(args, dictionary)
-    import torch.nn.functional as F
-
-    for stack in (gelu.ts.encoder, gelu.ts.decoder):
-        for layer in stack.layers:
-            layer.ffn.activation_fn = F.gelu
-    compare("activation_fn gelu (the config's default)", gelu, lambda m: m(**net_input)[0])
-    return out
+    for layer in [*gelu.ts.encoder.layers, *gelu.ts.decoder.layers]:
+        layer.ffn.activation_fn = F.gelu
+    src, prev = net_input["src_tokens"], net_input["prev_output_tokens"]
+    calls = {
+        "as mapped": lambda: mapped(**net_input),
+        "EncoderDecoder.forward (no padding masks)": lambda: mapped.ts(src, prev),
+        "no_scale_embedding=True (the config's default)": lambda: unscaled(**net_input),
+        "activation_fn gelu (the config's default)": lambda: gelu(**net_input),
+    }
+    with torch.no_grad():
+        ours = plugin.eval()(**net_input)[0]
+        for model in (mapped, unscaled, gelu):
+            copy_weights(plugin, model)
+            model.eval()
+        return {name: float((ours - call()[0])[real].abs().max()) for name, call in calls.items()}
 
 
 # --- training ----------------------------------------------------------------------------------------
 
 
-class Recorded:
-    """A criterion that keeps the label-smoothed loss of the own-source batches that
-    source_use.measure scores (it calls the criterion on each batch, then on its impostor)."""
-
-    def __init__(self, criterion):
-        self.criterion, self.calls, self.loss, self.tokens = criterion, 0, 0.0, 0
-
-    def __call__(self, model, sample):
-        loss, sample_size, logged = self.criterion(model, sample)
-        if self.calls % 2 == 0:
-            self.loss, self.tokens = self.loss + float(logged["loss"]), self.tokens + int(logged["ntokens"])
-        self.calls += 1
-        return loss, sample_size, logged
+def rounded(value):
+    return None if value is None else round(value, 4)
 
 
 def measured(model, task, criterion, subset, max_tokens) -> dict:
     """source_use.measure of *model* on *subset*, with the label-smoothed loss beside it (bits)."""
     from studies.source_use import measure
 
-    recorder = Recorded(criterion)
-    m = measure(model, task, recorder, subset, max_tokens)
+    logged = []  # measure calls the criterion on each batch, then on its impostor: the own ones are [::2]
+
+    def recorded(model, sample):
+        loss, sample_size, logging_output = criterion(model, sample)
+        logged.append(logging_output)
+        return loss, sample_size, logging_output
+
+    m = measure(model, task, recorded, subset, max_tokens)
     model.train()
+    own = logged[::2]
     return {
-        "valid_loss": round(recorder.loss / recorder.tokens / math.log(2), 4),
-        "valid_nll": round(m["nll_own"], 4),
-        "nll_impostor": round(m["nll_impostor"], 4),
-        "source_use": round(m["nll_impostor"] - m["nll_own"], 4),
-        "spread_output": round(m["spread"][-1], 4),
-        "spread": [round(v, 4) for v in m["spread"]],
+        "valid_loss": rounded(sum(float(o["loss"]) for o in own) / sum(int(o["ntokens"]) for o in own) / math.log(2)),
+        "valid_nll": rounded(m["nll_own"]),
+        "nll_impostor": rounded(m["nll_impostor"]),
+        "source_use": rounded(m["nll_impostor"] - m["nll_own"]),
+        "spread_output": rounded(m["spread"][-1]),
+        "spread": [rounded(v) for v in m["spread"]],
     }
 
 
 class Arm:
-    """One model in training: fairseq's optimizer and schedule for it, as fairseq's Trainer makes them."""
+    """One model in training, with fairseq's optimizer and schedule as fairseq's Trainer makes them."""
 
     def __init__(self, name, model, cfg):
         from fairseq import optim
         from fairseq.optim import lr_scheduler
 
-        self.name, self.model, self.cfg = name, model, cfg
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = optim.build_optimizer(cfg.optimizer, params)
+        self.name, self.model, self.clip_norm = name, model, cfg.optimization.clip_norm
+        self.optimizer = optim.build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad])
         self.scheduler = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, self.optimizer)
         self.scheduler.step_update(0)  # Trainer.__init__
-        self.window, self.window_tokens = 0.0, 0
-        self.last = {}
+        self.window, self.window_tokens, self.last = 0.0, 0, {}
 
     def begin_epoch(self, epoch, updates):  # Trainer.lr_step_begin_epoch
         self.scheduler.step_begin_epoch(epoch)
         self.scheduler.step_update(updates)
 
     def step(self, sample, criterion, updates: int, seed: int):
-        """One update as Trainer.train_step makes it (one batch, one process, float32)."""
-        import torch
+        """One update as Trainer.train_step makes it (one batch, one process, float32); its loss in bits."""
         from fairseq import utils
 
         utils.set_torch_seed(seed + updates)
@@ -537,11 +456,10 @@ class Arm:
         self.optimizer.zero_grad()
         if hasattr(self.model, "set_num_updates"):
             self.model.set_num_updates(updates)
-        lr = self.optimizer.get_lr()
         loss, sample_size, logged = criterion(self.model, sample)
         self.optimizer.backward(loss)
         self.optimizer.multiply_grads(1.0 / float(sample_size or 1.0))
-        grad_norm = self.optimizer.clip_grad_norm(self.cfg.optimization.clip_norm)
+        grad_norm = self.optimizer.clip_grad_norm(self.clip_norm)
         if not torch.isfinite(grad_norm).all():
             raise FloatingPointError(f"{self.name}: gradients are Nan/Inf at update {updates + 1}")
         self.optimizer.step()
@@ -549,45 +467,50 @@ class Arm:
         bits = float(logged["loss"]) / float(sample_size) / math.log(2)
         self.window += bits * float(sample_size)
         self.window_tokens += float(sample_size)
-        self.last = {"loss": bits, "gnorm": float(grad_norm), "lr": lr}
+        self.last = {"loss": bits, "gnorm": float(grad_norm)}
         return bits
 
     def take_window(self):
+        """The mean loss since the last call (None when nothing trained since)."""
         mean = self.window / self.window_tokens if self.window_tokens else None
         self.window, self.window_tokens = 0.0, 0
         return mean
 
 
 def train(arms, task, cfg, criterion, args, pairs=None, on_row=None):
-    """Train every arm on the same batches; a row of measurements every --every updates (and at 0),
-    each handed to *on_row(rows, losses, seconds)* as it is made."""
+    """Train every arm on the same batches; a row of measurements every --every updates, at each
+    epoch's end (where fairseq-train validates and saves) and at 0, each handed to
+    *on_row(rows, losses, seconds)* as it is made."""
     iterator = train_iterator(cfg, task, arms[0].model)
-    rows, losses = [], {arm.name: [] for arm in arms}
+    rows, losses, start = [], {arm.name: [] for arm in arms}, time.time()
 
-    def row(updates, start):
+    def row(updates):
         r = {"updates": updates, "epoch": iterator.epoch if updates else 0, "lr": arms[0].optimizer.get_lr()}
         for arm in arms:
             r[arm.name] = {
-                "train_loss": None if not updates else round(arm.take_window(), 4),
-                "train_loss_update": None if not updates else round(arm.last["loss"], 4),
-                "gnorm": None if not updates else round(arm.last["gnorm"], 4),
+                "train_loss": rounded(arm.take_window()),
+                "train_loss_update": rounded(arm.last.get("loss")),
+                "gnorm": rounded(arm.last.get("gnorm")),
                 **measured(arm.model, task, criterion, args.subset, args.max_tokens),
             }
+        cells = [updates, f"{time.time() - start:.0f}"]
+        for m in map(r.get, (arm.name for arm in arms)):
+            loss = "" if m["train_loss"] is None else f"{m['train_loss']:.3f}"
+            cells += [loss, f"{m['valid_nll']:.3f}", f"{m['spread_output']:.3f}", f"{m['source_use']:+.3f}"]
         if pairs is not None:
-            r["max_param_difference"] = max_parameter_difference(pairs)
+            r["max_param_difference"] = max(float((mine - theirs).abs().max()) for _, mine, _, theirs in pairs)
+            cells.append(f"{r['max_param_difference']:.2e}")
         rows.append(r)
-        cells = "  ".join(
-            f"{arm.name}: loss {r[arm.name]['train_loss'] or float('nan'):.3f} val {r[arm.name]['valid_nll']:.3f} "
-            f"spread {r[arm.name]['spread_output']:.3f} use {r[arm.name]['source_use']:+.3f}"
-            for arm in arms
-        )
-        diff = f"  Δθ {r['max_param_difference']:.2e}" if pairs is not None else ""
-        print(f"[{PROG}] {updates:4d} ({time.time() - start:5.0f}s)  {cells}{diff}", flush=True)
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         if on_row is not None:
             on_row(rows, losses, time.time() - start)
 
-    start = time.time()
-    row(0, start)
+    columns = ["updates", "seconds"] + [
+        f"{a.name} {c}" for a in arms for c in ("loss", "val NLL", "spread", "source use")
+    ]
+    columns += ["max Δθ"] if pairs is not None else []
+    print(f"\n| {' | '.join(columns)} |\n|" + "---|" * len(columns), flush=True)
+    row(0)
     updates = 0
     while updates < args.updates:
         epoch_itr = iterator.next_epoch_itr(shuffle=True)  # train.py: shuffled from epoch 1 (no curriculum)
@@ -598,28 +521,27 @@ def train(arms, task, cfg, criterion, args, pairs=None, on_row=None):
                 losses[arm.name].append(round(arm.step(sample, criterion, updates, cfg.common.seed), 5))
             updates += 1
             if updates % args.every == 0 or updates == args.updates or not epoch_itr.has_next():
-                row(updates, start)  # and at each epoch's end, where fairseq-train validates and saves
+                row(updates)
             if updates == args.updates:
                 break
     return rows, losses, time.time() - start
 
 
-def print_rows(rows, arms):
-    print("\n| updates | " + " | ".join(f"{a} loss | {a} val NLL | {a} spread | {a} source use" for a in arms) + " |")
-    print("|---|" + "---|---|---|---|" * len(arms))
-    for r in rows:
-        cells = []
-        for a in arms:
-            m = r[a]
-            loss = "" if m["train_loss"] is None else f"{m['train_loss']:.3f}"
-            cells += [loss, f"{m['valid_nll']:.3f}", f"{m['spread_output']:.3f}", f"{m['source_use']:+.3f}"]
-        print(f"| {r['updates']} | " + " | ".join(cells) + " |")
+UNITS = {
+    "train_loss": "label-smoothed loss, bits per target token, mean over the updates since the last row (weighted "
+    "by target tokens, as fairseq logs it)",
+    "train_loss_update": "the same, of the row's last update alone",
+    "gnorm": "gradient norm of the row's last update (after dividing by its target tokens)",
+    "valid_loss": "label-smoothed, bits per target token, on the whole subset, dropout off",
+    "valid_nll": "NLL in bits per target token, own source",
+    "source_use": "NLL with the batch neighbour's source minus with its own (bits)",
+    "spread": "E|x - mean|^2 / E|x|^2 over real source tokens: embedding, encoder layers 1..N, output",
+    "max_param_difference": "max |plugin - torchscale| over paired parameters",
+}
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
-
     torch.set_num_threads(args.threads)
     import_plugin()
     try:
@@ -634,37 +556,34 @@ def main(argv=None):
 
     from studies.source_use import fresh_model
 
-    total = args.epochs * UPDATES_PER_EPOCH
-    flags = study_flags(data, args.layers, args.lr, args.seed, args.warmup, total, args.max_tokens)
-    cfg, _, task = setup(flags, args.subset)
-    criterion = task.build_criterion(cfg.criterion)
-    plugin = fresh_model(task, cfg)  # fairseq-train's seeding, then task.build_model
-    upe = len(train_iterator(cfg, task, plugin))
-    if upe != UPDATES_PER_EPOCH:
+    upe = UPDATES_PER_EPOCH
+    while True:  # the schedule follows the data's updates per epoch: a second set-up where they differ
+        total = args.epochs * upe
+        flags = study_flags(data, args.layers, args.lr, args.seed, args.warmup, total, args.max_tokens)
+        cfg, task = setup(flags, args.subset)
+        plugin = fresh_model(task, cfg)  # fairseq-train's seeding, then task.build_model
+        upe = len(train_iterator(cfg, task, plugin))
+        if total == args.epochs * upe:
+            break
         print(
             f"[{PROG}] note: {upe} updates an epoch on {data}, not {UPDATES_PER_EPOCH}: the schedule follows",
             flush=True,
         )
-        total = args.epochs * upe
-        flags = study_flags(data, args.layers, args.lr, args.seed, args.warmup, total, args.max_tokens)
-        cfg, _, task = setup(flags, args.subset)
-        plugin = fresh_model(task, cfg)
-    dictionary = task.source_dictionary
-    model_args = plugin.args  # the parsed flags with the architecture's defaults, as build_model set them
+    criterion = task.build_criterion(cfg.criterion)
+    dictionary, model_args = task.source_dictionary, plugin.args  # the flags with the architecture's defaults
 
     torchscale = build_torchscale(model_args, dictionary)
     pairs = parameter_pairs(plugin, torchscale)
     copy_weights(plugin, torchscale, pairs)  # the plugin's initial weights into torchscale's model
-    alpha_beta = {
+    alpha = {
         "plugin": {side: getattr(plugin, side).layers[0].residual_alpha for side in ("encoder", "decoder")},
         "torchscale": {side: getattr(torchscale.ts, side).layers[0].alpha for side in ("encoder", "decoder")},
     }
-    print(f"[{PROG}] torchscale {version}; {len(pairs)} parameters paired; α {alpha_beta}", flush=True)
+    print(f"[{PROG}] torchscale {version}; {len(pairs)} parameters paired; α {alpha}", flush=True)
     check = forward_check(plugin, torchscale, pairs, task, cfg, criterion, args.subset, args.max_tokens, args.seed)
     check["structural_ablations_max_abs_logit_difference"] = structural_ablations(
-        plugin, model_args, dictionary, task, args.subset, args.max_tokens, lambda m: parameter_pairs(plugin, m)
+        plugin, model_args, dictionary, task, args.subset, args.max_tokens
     )
-    copy_weights(plugin, torchscale, pairs)
     print(f"[{PROG}] forward check: {check}", flush=True)
     if args.check_only:
         return check
@@ -680,58 +599,29 @@ def main(argv=None):
             model = build_torchscale(model_args, dictionary)  # its own draw, its own DeepNorm scaling
         arms.append(Arm(name, model, cfg))
     both = pairs if {"plugin", "torchscale"} <= set(args.arms) else None
-    path = Path(
-        args.json or REPO / "studies" / "results" / f"cpu-deepnorm-vs-torchscale-{args.layers}-multi30k-en-de.json"
-    )
+    default = REPO / "studies" / "results" / f"cpu-deepnorm-vs-torchscale-{args.layers}-multi30k-en-de.json"
+    path = Path(args.json or default)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from common.host import host
+    settings = {
+        "data": repo_relative(data),
+        **{k: getattr(args, k) for k in ("layers", "lr", "seed", "warmup")},
+        "total_num_update": total,
+        "updates_per_epoch": upe,
+        **{k: getattr(args, k) for k in ("updates", "arms", "subset")},
+        "fairseq_train_flags": [repo_relative(f) if os.path.isabs(f) else f for f in flags],
+        "init": "the plugin's (fresh_model: fairseq-train's seeding), copied into torchscale's model; "
+        "torchscale-own-init: torchscale's own, drawn from --seed",
+        "alpha": alpha,
+    }
 
     def save(rows, losses, seconds, complete=False):  # after every row: a stopped run keeps what it measured
-        write_result(
-            path,
-            __file__,
-            argv if argv is not None else sys.argv[1:],
-            "cpu",
-            host(),
-            torchscale=version,
-            threads=args.threads,
-            seconds=round(seconds),
-            complete=complete,
-            settings={
-                "data": repo_relative(data),
-                "layers": args.layers,
-                "lr": args.lr,
-                "seed": args.seed,
-                "warmup": args.warmup,
-                "total_num_update": total,
-                "updates_per_epoch": upe,
-                "updates": args.updates,
-                "arms": args.arms,
-                "subset": args.subset,
-                "fairseq_train_flags": [repo_relative(f) if os.path.isabs(f) else f for f in flags],
-                "init": "the plugin's (fresh_model: fairseq-train's seeding), copied into torchscale's model; "
-                "torchscale-own-init: torchscale's own, drawn from --seed",
-                "alpha": alpha_beta,
-            },
-            units={
-                "train_loss": "label-smoothed loss, bits per target token, mean over the updates since the last "
-                "row (weighted by target tokens, as fairseq logs it)",
-                "train_loss_update": "the same, of the row's last update alone",
-                "gnorm": "gradient norm of the row's last update (after dividing by its target tokens)",
-                "valid_loss": "label-smoothed, bits per target token, on the whole subset, dropout off",
-                "valid_nll": "NLL in bits per target token, own source",
-                "source_use": "NLL with the batch neighbour's source minus with its own (bits)",
-                "spread": "E|x - mean|^2 / E|x|^2 over real source tokens: embedding, encoder layers 1..N, output",
-                "max_param_difference": "max |plugin - torchscale| over paired parameters",
-            },
-            forward_check=check,
-            rows=rows,
-            train_loss_per_update=losses,
-        )
+        command = argv if argv is not None else sys.argv[1:]
+        content = dict(torchscale=version, threads=args.threads, seconds=round(seconds), complete=complete)
+        content.update(settings=settings, units=UNITS, forward_check=check, rows=rows, train_loss_per_update=losses)
+        write_result(path, __file__, command, "cpu", host(), **content)
 
     rows, losses, seconds = train(arms, task, cfg, criterion, args, both, on_row=save)
     save(rows, losses, seconds, complete=True)
-    print_rows(rows, args.arms)
     print(f"[{PROG}] wrote {repo_relative(path)}")
     return rows
 

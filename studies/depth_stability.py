@@ -2,14 +2,15 @@
 
 Every variant of fairseq_realformer/variants.py (Post-LN, Pre-LN, ADMIN with profiled ω, DeepNorm,
 ReZero, T-Fixup, ResiDual, each of the last three also with residual attention, RealFormer on ADMIN
-with sum and mean and with value residual, ADMIN + RAdam without warm-up) is trained with the same seed, data, budget and learning
-rate on a few thousand real sentence pairs (Multi30k En→De, read from a local folder). For each: the first layers' gradient norms at initialisation
-(one batch, dropout on), and the final train and valid losses; whether a run diverged is
-studies/divergence.py's rule, the quality studies' too: a loss that is not finite (fairseq stopped
-on NaN/Inf gradients), or a training loss that fell below its first epoch's mean and climbed back
-above it. (Rows committed before 2026-11-28 were judged by another rule, "the last logged loss
-at or above the first"; every one of them ended well below its first, as the table's train-loss
-column shows, and their logs were not kept to judge them again.)
+with sum and mean and with value residual, ADMIN + RAdam without warm-up) is trained with the same
+seed, data, budget and learning rate on a few thousand real sentence pairs (Multi30k En→De, read
+from a local folder). For each: the first layers' gradient norms at initialisation (one batch,
+dropout on), and the final train and valid losses; whether a run diverged is studies/divergence.py's
+rule, the quality studies' too: a loss that is not finite (fairseq stopped on NaN/Inf gradients), or
+a training loss that fell below its first epoch's mean and climbed back above it. (Rows committed
+before 2026-11-28 were judged by another rule, "the last logged loss at or above the first"; every
+one of them ended well below its first, as the table's train-loss column shows, and their logs were
+not kept to judge them again.)
 
     python studies/depth_stability.py --data ../shared/data/multi30k    # ~25 min on 2 CPU cores
 
@@ -45,14 +46,8 @@ BIN = Path(sys.executable).parent
 # options that say where results go, not what is measured: a folder or table of other values still compares
 RECORD_ONLY = ("variants", "json", "out", "add_to", "machine")
 # what a control re-run must reproduce, exactly, for new rows to compare with a table's old ones
-MEASURED = (
-    "first_train_loss",
-    "final_train_loss",
-    "valid_loss",
-    "diverged",
-    "grad_norm_encoder_layer0",
-    "grad_norm_decoder_layer0",
-)
+MEASURED = ("first_train_loss", "final_train_loss", "valid_loss", "diverged")
+MEASURED += ("grad_norm_encoder_layer0", "grad_norm_decoder_layer0")
 
 
 def parse_args(argv=None):
@@ -74,11 +69,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--add-to", metavar="TABLE", help="merge the runs into this table (an earlier --json of these settings)"
     )
-    p.add_argument(
-        "--machine",
-        default=host(),
-        help="the machine, recorded with --add-to (default: %(default)s)",
-    )
+    p.add_argument("--machine", default=host(), help="the machine, recorded with --add-to (default: %(default)s)")
     args = p.parse_args(argv)
     multi30k_args.check(p, args)
     if args.add_to and not Path(args.add_to).is_file():
@@ -95,29 +86,13 @@ def prepare(args, out: Path) -> Path:
     fairseq-preprocess (scripts/binarize.py; skipped when done)."""
     bin_dir, data = out / "bin", Path(args.data)
     log(f"data: {args.pairs} train / {args.valid_pairs} valid pairs from {args.data} -> {bin_dir}")
-    subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "binarize.py"),
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
-            "--trainpref",
-            str(data / "train"),
-            "--validpref",
-            str(data / "val"),
-            "--max-lines",
-            f"train={args.pairs},valid={args.valid_pairs}",
-            "--spm-vocab",
-            str(args.vocab),
-            "--spm-dir",
-            str(out / "spm"),
-            "--destdir",
-            str(bin_dir),
-        ],
-        check=True,
-    )
+    binarize = [
+        sys.executable, str(REPO / "scripts" / "binarize.py"), "--source-lang", "en", "--target-lang", "de",
+        "--trainpref", str(data / "train"), "--validpref", str(data / "val"),
+        "--max-lines", f"train={args.pairs},valid={args.valid_pairs}",
+        "--spm-vocab", str(args.vocab), "--spm-dir", str(out / "spm"), "--destdir", str(bin_dir),
+    ]  # fmt: skip
+    subprocess.run(binarize, check=True)
     return bin_dir
 
 
@@ -173,10 +148,10 @@ def first_layer_grad_norms(flags):
     loss, sample_size, _ = criterion(model, sample)
     (loss / sample_size).backward()  # fairseq-train's normalisation: per target token
 
-    def norm(module):
-        return math.sqrt(sum(float(p.grad.norm()) ** 2 for p in module.parameters() if p.grad is not None))
-
-    return norm(model.encoder.layers[0]), norm(model.decoder.layers[0])
+    return tuple(
+        math.sqrt(sum(float(p.grad.norm()) ** 2 for p in stack.layers[0].parameters() if p.grad is not None))
+        for stack in (model.encoder, model.decoder)
+    )
 
 
 def run_variant(args, bin_dir: Path, out: Path, variant: str):
@@ -192,22 +167,19 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
     log(f"{variant}: first-layer gradient norms at init: encoder {enc_norm:.3g}, decoder {dec_norm:.3g}; training")
     start = time.time()
     proc = subprocess.run([str(BIN / "fairseq-train"), *flags], capture_output=True, text=True)
+    lines = (proc.stdout + proc.stderr).splitlines()
     (out / variant / "train.log").write_text(proc.stdout + proc.stderr)
-    stats = list(fairseq_log.records((proc.stdout + proc.stderr).splitlines(), "train_inner", "valid"))
+    stats = list(fairseq_log.records(lines, "train_inner", "valid"))
     train = [fields["loss"] for kind, fields in stats if kind == "train_inner"]
     valid = next((fields["loss"] for kind, fields in reversed(stats) if kind == "valid"), None)
     stopped_on_nan = proc.returncode != 0 and ("FloatingPointError" in proc.stderr or "nan" in proc.stderr.lower())
     if proc.returncode != 0 and not stopped_on_nan:
         raise SystemExit(f"{variant}: fairseq-train failed ({proc.returncode}); see {out / variant / 'train.log'}")
-    diverged = stopped_on_nan or divergence((proc.stdout + proc.stderr).splitlines()) is not None
+    diverged = stopped_on_nan or divergence(lines) is not None
+    measured = (train[0] if train else None, train[-1] if train else None, valid, diverged, enc_norm, dec_norm)
     result = {
         "variant": variant,
-        "first_train_loss": train[0] if train else None,
-        "final_train_loss": train[-1] if train else None,
-        "valid_loss": valid,
-        "diverged": diverged,
-        "grad_norm_encoder_layer0": enc_norm,
-        "grad_norm_decoder_layer0": dec_norm,
+        **dict(zip(MEASURED, measured)),
         "wall_s": round(time.time() - start, 1),
         "commit": at,
     }
@@ -243,12 +215,15 @@ def _differing(table, settings):
     return [k for k in settings if k != "data" and table["settings"].get(k) != settings[k]]
 
 
+def _controls(table):
+    return [c["run"] for added in table.get("additions", ()) for c in added.get("controls", ())]
+
+
 def added_already(table, settings, variants):
     """Whether --add-to has merged these *variants* into *table* before, perhaps on another machine
     whose run folders are gone: each is a row added by a merge or a row with a recorded control."""
-    merges = table.get("additions", ())
-    done = {v for added in merges for v in added["variants"]}
-    done |= {c["run"]["variant"] for added in merges for c in added.get("controls", ())}
+    done = {v for added in table.get("additions", ()) for v in added["variants"]}
+    done |= {run["variant"] for run in _controls(table)}
     return not _differing(table, settings) and all(v in done for v in variants)
 
 
@@ -262,9 +237,8 @@ def add_to_table(table, settings, results, record):
         shown = ", ".join(f"{k} {table['settings'].get(k)} there, {settings[k]} here" for k in differ)
         raise ValueError(f"its runs used other settings ({shown})")
     rows = {run["variant"]: run for run in table["runs"]}
-    controlled = [c["run"] for added in table.get("additions", ()) for c in added.get("controls", ())]
     new = [r for r in results if r["variant"] not in rows]
-    controls = [r for r in results if r["variant"] in rows and r != rows[r["variant"]] and r not in controlled]
+    controls = [r for r in results if r["variant"] in rows and r != rows[r["variant"]] and r not in _controls(table)]
     if not new and not controls:
         return None
     addition = {"variants": [r["variant"] for r in new], **record}
@@ -280,12 +254,8 @@ def add_to_table(table, settings, results, record):
 def merge(args, settings, results, command):
     table_file = Path(args.add_to)
     measured_at = ", ".join(dict.fromkeys(r["commit"] for r in results if r.get("commit")))  # runs reused too
-    record = {
-        "date": datetime.date.today().isoformat(),
-        "commit": measured_at or commit(),
-        "command": command,
-        "machine": args.machine,
-    }
+    record = dict(date=datetime.date.today().isoformat(), commit=measured_at or commit(), command=command)
+    record["machine"] = args.machine
     try:
         merged = add_to_table(json.loads(table_file.read_text()), settings, results, record)
     except ValueError as e:
@@ -314,8 +284,7 @@ def main(argv=None):
     settings_file = out / "settings.json"
     if settings_file.exists() and json.loads(settings_file.read_text()) != settings:
         raise SystemExit(
-            f"depth_stability.py: error: --out {out} holds results of other settings "
-            f"({settings_file}); choose another --out"
+            f"depth_stability.py: error: --out {out} holds results of other settings ({settings_file}); choose another --out"
         )
     settings_file.write_text(json.dumps(settings, indent=1))
     bin_dir = prepare(args, out)
