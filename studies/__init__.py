@@ -3,7 +3,8 @@ rates, scored, compared and drawn. `python studies/quality.py --help` is where t
 is what they found.
 
     quality.py       the command line: a study's settings from its flags, then train and report
-    study.py         a Study: its runs' settings and folders, its JSON and translations
+    study.py         a Study (the plan: its runs' settings and folders) and its StudyRecord (the runs
+                     gathered or loaded, the verdict rules: best rate, seeds, what is compared), the JSON
     runs.py          one run folder: what the recipe and the runner leave there, and what it measured
     recipe.py        the Multi30k recipe's commands: the data, a run's fairseq-train flags
     supervise.py     training a study's runs N at a time: locks, niceness, the divergence watch
