@@ -20,22 +20,17 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+from bench import timed
+
 from common.host import cpu_model
 from common.repo import quiet_logging
 from fairseq_realformer.analysis import cli
 from fairseq_realformer.analysis.measure import measure
-
-
-def timed(run) -> float:
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started
 
 
 def main(argv=None) -> None:

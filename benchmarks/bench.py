@@ -6,16 +6,25 @@ Variants: ``fairseq``, fairseq's stock ``transformer``, and those of fairseq_rea
 on the ``realformer`` architecture; any of them with ``+compiled`` appended trains with compiled
 layers (a plugin variant: ``--compile-layers``; ``fairseq+compiled``: fairseq's own layers compiled
 by hand with ``nn.Module.compile``, what a user of fairseq could do).
+
+Also what several benchmarks share: a fairseq-train run in a subprocess and what its log says
+(train_update.py, compiled_train.py), the --json writer, a timer.
 """
 
 import contextlib
+import re
+import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
+from common import fairseq_log
 from common.repo import (
     STOCK,
     USER_DIR,  # (variants read as a file: fairseq is not imported yet)
+    write_result,
 )
 from common.repo import VARIANTS as PLUGIN_VARIANTS
 
@@ -44,6 +53,7 @@ PRECISIONS = {
 }
 FP16_LOSS_SCALE = 128.0  # fairseq's --fp16-init-scale
 VOCAB = 10000
+COMPILE_LINE = re.compile(r"--compile-layers: (.*)$", re.M)
 
 
 def known_variant(name):
@@ -185,3 +195,43 @@ def timed(fn):
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def say(who, text, file=None):
+    """A progress line, ``[WHO HH:MM:SS] TEXT``, flushed."""
+    print(f"[{who} {time.strftime('%H:%M:%S')}] {text}", file=file, flush=True)
+
+
+def run_logged(command, work, name, **kwargs):
+    """*command* run in folder *work*, its output kept in WORK/NAME.log: that output, or a
+    RuntimeError with the last line of its errors."""
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, cwd=work, **kwargs)
+    log = result.stdout + result.stderr
+    (work / f"{name}.log").write_text(log)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+        raise RuntimeError(f"fairseq-train failed ({result.returncode}): {last}; see {work / f'{name}.log'}")
+    return log
+
+
+def train_log(log, timed_from):
+    """fairseq-train's JSON log read: its ``train_inner`` intervals that end at update *timed_from*
+    or later, and a summary (their median words/s, the last loss and update, the compile lines)."""
+    inner = [fields for _, fields in fairseq_log.records(log.splitlines(), "train_inner")]
+    timed = [r for r in inner if r["num_updates"] >= timed_from]
+    return timed, {
+        "wps": statistics.median(r["wps"] for r in timed) if timed else None,
+        "intervals": len(timed),
+        "loss_at_end": inner[-1]["loss"] if inner else None,
+        "updates": int(inner[-1]["num_updates"]) if inner else 0,
+        "compile_log": COMPILE_LINE.findall(log),
+    }
+
+
+def write_json(args, script, argv, device, machine, drop=(), **content):
+    """--json, when given: common.repo.write_result for *script* run with *argv* (None: this
+    process's), its settings *args* but --json and *drop* (unless *content* has settings)."""
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", *drop)}
+        argv = sys.argv[1:] if argv is None else argv
+        write_result(args.json, script, argv, device, machine, **{"settings": settings, **content})

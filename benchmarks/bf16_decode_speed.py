@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
 import bench
 import bf16_speed
+from bench import say
 from bf16_speed import GEN_LENGTH, MODELS
 
 DECODE_VOCAB = 7792  # the joint sentencepiece dictionary of Multi30k (examples/multi30k/run.sh), specials included
@@ -82,27 +83,15 @@ def decode_speed(args, model):
         for precision_name in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):
             runs[precision_name].append(sentences_per_s(precision_name))
     ratios = [b / f for f, b in zip(runs["fp32"], runs["bf16"])]
-    print(
-        f"[bf16-speed {time.strftime('%H:%M:%S')}] {model}: bf16/fp32 {statistics.median(ratios):.3f} "
-        f"[{min(ratios):.3f}-{max(ratios):.3f}]",
-        flush=True,
-    )
-    return {
-        **{
-            name: {
-                "sentences_per_s": round(statistics.median(xs), 2),
-                "min": round(min(xs), 2),
-                "max": round(max(xs), 2),
-                "runs": [round(x, 2) for x in xs],
-            }
-            for name, xs in runs.items()
-        },
-        "ratio_paired": {
-            "median": round(statistics.median(ratios), 3),
-            "min": round(min(ratios), 3),
-            "max": round(max(ratios), 3),
-        },
+    say("bf16-speed", f"{model}: bf16/fp32 {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]")
+    speeds = {
+        name: {**median_range(xs, 2, "sentences_per_s"), "runs": [round(x, 2) for x in xs]} for name, xs in runs.items()
     }
+    return {**speeds, "ratio_paired": median_range(ratios, 3)}
+
+
+def median_range(xs, digits, median="median"):
+    return {median: round(statistics.median(xs), digits), "min": round(min(xs), digits), "max": round(max(xs), digits)}
 
 
 def report(results):

@@ -33,10 +33,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+from bench import say
+
+from common import fairseq_log
 from common.host import host
 from common.presets import PRESETS
 from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV
@@ -82,13 +85,8 @@ def parse_args(argv=None):
     p.add_argument("--json", help="also write the numbers here")
     args = p.parse_args(argv)
     if args.quick:
-        args.models, args.updates, args.log_interval, args.repeats, args.gen_sentences = (
-            "small-transformer,small-realformer",
-            12,
-            4,
-            1,
-            40,
-        )
+        args.models, args.updates, args.log_interval = "small-transformer,small-realformer", 12, 4
+        args.repeats, args.gen_sentences = 1, 40
     args.models = args.models.split(",")
     unknown = set(args.models) - set(MODELS)
     if unknown:
@@ -102,23 +100,20 @@ def parse_args(argv=None):
 def prepare(args) -> Path:
     data = args.out / "data"
     if not (data / "bin" / "dict.de.txt").exists():
-        cmd = [
-            "bash",
-            str(REPO / "examples" / "multi30k" / "run.sh"),
-            "--prepare-only",
-            "--test-sets",
-            "test_2016_flickr",
-            args.data,
-            str(data),
-        ]
+        recipe = REPO / "examples" / "multi30k" / "run.sh"
+        cmd = ["bash", str(recipe), "--prepare-only", "--test-sets", "test_2016_flickr", args.data, str(data)]
         print(f"[bf16-speed] data: {shlex.join(cmd)}", flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return data / "bin"
 
 
-def run_measured(cmd, env, log_path):
-    """Run *cmd*; return (its output, its peak resident set in bytes, wall seconds)."""
-    start = time.time()
+def cpu_flags(precision):
+    return ["--cpu", *(["--bf16"] if precision == "bf16" else [])]
+
+
+def run_measured(cmd, args, log_path):
+    """Run *cmd* on --threads; return (its output, its peak resident set in bytes)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     with open(log_path, "w") as log:
         process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
@@ -126,32 +121,17 @@ def run_measured(cmd, env, log_path):
     output = Path(log_path).read_text()
     if process.returncode != 0:
         raise SystemExit(f"bf16_speed.py: error: {cmd[0]} failed; see {log_path}\n{output[-2000:]}")
-    return output, usage.ru_maxrss * 1024, time.time() - start
+    return output, usage.ru_maxrss * 1024
 
 
 def train(args, data, model, precision, repeat):
     work = args.out / f"{model}-{precision}-{repeat}"
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        str(VENV / "bin" / "fairseq-train"),
-        str(data),
-        *TRAIN,
-        *MODELS[model],
-        "--max-update",
-        str(args.updates),
-        "--log-interval",
-        str(args.log_interval),
-        "--save-dir",
-        str(work / "ckpt"),
-        "--cpu",
-        *(["--bf16"] if precision == "bf16" else []),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    output, peak, _ = run_measured(cmd, env, work / "train.log")
-    lines = [
-        json.loads(line.split("| train_inner | ", 1)[1]) for line in output.splitlines() if "| train_inner | " in line
-    ]
-    wps = [float(entry["wps"]) for entry in lines[1:]]  # the first interval is warm-up
+    cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], "--max-update", str(args.updates)]
+    cmd += ["--log-interval", str(args.log_interval), "--save-dir", str(work / "ckpt"), *cpu_flags(precision)]
+    output, peak = run_measured(cmd, args, work / "train.log")
+    inner = [fields for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
+    wps = [entry["wps"] for entry in inner[1:]]  # the first interval is warm-up
     # tokens/s over the timed intervals: their tokens over their time (harmonic mean of wps)
     tokens_per_s = len(wps) / sum(1 / w for w in wps)
     return {
@@ -163,39 +143,12 @@ def train(args, data, model, precision, repeat):
 
 
 def generate(args, data, checkpoint, precision, work):
-    cmd = [
-        str(VENV / "bin" / "fairseq-generate"),
-        str(data),
-        "--user-dir",
-        str(USER_DIR),
-        "--path",
-        checkpoint,
-        "--source-lang",
-        "en",
-        "--target-lang",
-        "de",
-        "--gen-subset",
-        "test",
-        "--beam",
-        "5",
-        "--batch-size",
-        "64",
-        "--min-len",
-        str(GEN_LENGTH),
-        "--max-len-a",
-        "0",
-        "--max-len-b",
-        str(GEN_LENGTH),
-        # one shard of the 1,000-sentence test set (fairseq-generate shards by "rank")
-        "--distributed-world-size",
-        str(max(1, TEST_SENTENCES // args.gen_sentences)),
-        "--distributed-rank",
-        "0",
-        "--cpu",
-        *(["--bf16"] if precision == "bf16" else []),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    output, _, _ = run_measured(cmd, env, work / f"generate-{precision}.log")
+    cmd = [str(VENV / "bin" / "fairseq-generate"), str(data), "--user-dir", str(USER_DIR), "--path", checkpoint]
+    cmd += "--source-lang en --target-lang de --gen-subset test --beam 5 --batch-size 64 --max-len-a 0".split()
+    cmd += ["--min-len", str(GEN_LENGTH), "--max-len-b", str(GEN_LENGTH)]
+    # one shard of the 1,000-sentence test set (fairseq-generate shards by "rank")
+    cmd += ["--distributed-world-size", str(max(1, TEST_SENTENCES // args.gen_sentences)), "--distributed-rank", "0"]
+    output, _ = run_measured([*cmd, *cpu_flags(precision)], args, work / f"generate-{precision}.log")
     match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s", output)
     if not match:
         raise SystemExit(f"bf16_speed.py: error: no timing line in {work / f'generate-{precision}.log'}")
@@ -212,11 +165,8 @@ def measure(args, data, model):
     for repeat in range(args.repeats):
         for precision in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):  # alternate the order
             result = train(args, data, model, precision, repeat)
-            print(
-                f"[bf16-speed {time.strftime('%H:%M:%S')}] {model} {precision} #{repeat + 1}: "
-                f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_rss_mb']:.0f} MB",
-                flush=True,
-            )
+            speed = f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_rss_mb']:.0f} MB"
+            say("bf16-speed", f"{model} {precision} #{repeat + 1}: {speed}")
             runs[precision].append(result)
     checkpoint = runs["fp32"][0]["checkpoint"]  # the same weights translated both ways
     work = Path(checkpoint).parent.parent

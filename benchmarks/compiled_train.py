@@ -20,21 +20,23 @@ examples/multi30k/run.sh --prepare-only), for ``--epochs`` epochs with validatio
 
 import argparse
 import os
-import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+import torch
+from bench import run_logged, say, train_log, write_json
+
 from common import fairseq_log
 from common.host import host
 from common.presets import PRESETS
-from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, write_result
+from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS
 
 TINY = (
     "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "
@@ -44,7 +46,6 @@ TINY = (
 CPU = PRESETS["cpu"]
 MULTI30K_MODEL = ["--arch", "realformer_iwslt_de_en", *CPU.model_flags(), "--dropout", "0.3"]
 MULTI30K_MODEL += ["--lr", f"{CPU.lr:g}", "--warmup-updates", str(CPU.warmup)]
-COMPILE_LINE = re.compile(r"--compile-layers: (.*)$", re.M)
 
 
 def parse_args(argv=None):
@@ -107,37 +108,22 @@ def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
         *(["--bf16"] if args.bf16 else []),
         *(["--compile-layers"] if compiled else []),
     ]
-    print(f"[compiled-train {time.strftime('%H:%M:%S')}] {name}: {shlex.join(command)}", flush=True)
+    say("compiled-train", f"{name}: {shlex.join(command)}")
     start = time.time()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=work)
-    log = result.stdout + result.stderr
-    (work / f"{name}.log").write_text(log)
-    if result.returncode != 0:
-        raise SystemExit(f"compiled_train.py: error: the {name} run failed; see {work / f'{name}.log'}")
-    inner = [fields for _, fields in fairseq_log.records(log.splitlines(), "train_inner")]
-    timed = [r["wps"] for r in inner if r["num_updates"] > args.skip]
+    try:
+        log = run_logged(command, work, name)
+    except RuntimeError:
+        raise SystemExit(f"compiled_train.py: error: the {name} run failed; see {work / f'{name}.log'}") from None
+    wall_s = round(time.time() - start, 1)
+    _, logged = train_log(log, args.skip + 1)
     valid = [fields for _, fields in fairseq_log.records(log.splitlines(), "valid")]
-    return {
-        "seed": seed,
-        "compiled": compiled,
-        "wall_s": round(time.time() - start, 1),
-        "wps": statistics.median(timed) if timed else None,
-        "intervals": len(timed),
-        "loss_at_end": inner[-1]["loss"] if inner else None,
-        "updates": int(inner[-1]["num_updates"]) if inner else 0,
-        "valid_loss": [[int(v["epoch"]), v["loss"]] for v in valid],
-        "compile_log": COMPILE_LINE.findall(log),
-    }
+    valid_loss = [[int(v["epoch"]), v["loss"]] for v in valid]
+    return {"seed": seed, "compiled": compiled, "wall_s": wall_s, **logged, "valid_loss": valid_loss}
 
 
-def write_json(args, argv, runs, ratio):
-    if args.json:
-        import torch
-
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-        argv = sys.argv[1:] if argv is None else argv
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "work")}
-        write_result(args.json, __file__, argv, device, host(), settings=settings, runs=runs, wps_ratio=ratio)
+def write_results(args, argv, runs, ratio):
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    write_json(args, __file__, argv, device, host(), drop=("work",), runs=runs, wps_ratio=ratio)
 
 
 def main(argv=None):
@@ -148,7 +134,7 @@ def main(argv=None):
     runs = []
     for seed, compiled in [(seed, False) for seed in args.seeds] + [(args.seeds[0], True)]:
         runs.append(train(args, data, work, seed, compiled))
-        write_json(args, argv, runs, None)  # a run stopped at a time limit keeps the runs it finished
+        write_results(args, argv, runs, None)  # a run stopped at a time limit keeps the runs it finished
     eager, compiled = runs[0], runs[-1]
     ratio = compiled["wps"] / eager["wps"] if eager["wps"] and compiled["wps"] else None
     loss_change = (compiled["loss_at_end"] - eager["loss_at_end"]) / eager["loss_at_end"]
@@ -163,7 +149,7 @@ def main(argv=None):
     print(
         f"compiled / eager words/s: {ratio:.3f}; loss at the end {loss_change:+.2%}; {'; '.join(compiled['compile_log'])}"
     )
-    write_json(args, argv, runs, ratio)
+    write_results(args, argv, runs, ratio)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 kernels it launched, the attention kernels among them by SDPA backend, and how much of the step
 the device was busy."""
 
+from collections import Counter
+
 import torch
 
 # Substrings of the CUDA kernel names of PyTorch's SDPA backends (and of eager attention's pieces).
@@ -34,14 +36,14 @@ def cuda_kernels_of_a_training_step(bench):
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             bench.train_steps(1)
-        counts, ops, spans, kernel_us = {}, {}, [], {}
+        counts, ops, spans, kernel_us = Counter(), Counter(), [], Counter()
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
-                counts[event.name] = counts.get(event.name, 0) + 1
+                counts[event.name] += 1
                 spans.append((event.time_range.start, event.time_range.end))
-                kernel_us[event.name] = kernel_us.get(event.name, 0.0) + event.time_range.elapsed_us()
+                kernel_us[event.name] += event.time_range.elapsed_us()
             elif event.name.startswith("aten::"):  # which operators launched them (nested ones too)
-                ops[event.name] = ops.get(event.name, 0) + 1
+                ops[event.name] += 1
     except Exception as e:  # a profiler that fails must not cost the timings of a lent GPU's run
         return {"error": f"{type(e).__name__}: {e}"}
     backends, attention_us = {}, {}
@@ -50,16 +52,13 @@ def cuda_kernels_of_a_training_step(bench):
             if any(mark in name.lower() for mark in marks):
                 backends.setdefault(backend, {})[name] = n
                 attention_us[backend] = attention_us.get(backend, 0.0) + kernel_us[name]
-    top = sorted(counts.items(), key=lambda kv: -kv[1])[:10]
-    top_time = sorted(kernel_us.items(), key=lambda kv: -kv[1])[:10]
-    top_ops = sorted(ops.items(), key=lambda kv: -kv[1])[:40]
     return {
         "total": sum(counts.values()),
         "distinct": len(counts),
         "attention": backends,
-        "top": dict(top),
-        "aten_ops": dict(top_ops),
+        "top": dict(counts.most_common(10)),
+        "aten_ops": dict(ops.most_common(40)),
         "busy_us": busy_us(spans),
         "attention_us": attention_us,
-        "top_by_time_us": dict(top_time),
+        "top_by_time_us": dict(kernel_us.most_common(10)),
     }

@@ -17,23 +17,10 @@ def in_fresh_process(args, probe, variant, size, length):
     """Run *probe* ("--memory-probe" or "--saved-probe") for one variant in a new process and
     return the number it prints: memory is measured with nothing else allocated (no other
     variant's model, no leftovers of the timing runs; 18L-18L in one process ran out of 24 GiB)."""
-    cmd = [
-        sys.executable,
-        str(SPEED),
-        probe,
-        variant,
-        size,
-        str(length),
-        "--device",
-        str(args.device),
-        "--dtype",
-        args.dtype,
-        "--tokens-per-batch",
-        str(args.tokens_per_batch),
-        "--steps",
-        str(args.steps),
-        *(["--saved-activations", args.saved_activations] if args.saved_activations else []),
-    ]
+    cmd = [sys.executable, str(SPEED), probe, variant, size, str(length), "--device", str(args.device)]
+    cmd += ["--dtype", args.dtype, "--tokens-per-batch", str(args.tokens_per_batch), "--steps", str(args.steps)]
+    if args.saved_activations:
+        cmd += ["--saved-activations", args.saved_activations]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return int(out.strip().splitlines()[-1])
 
@@ -109,15 +96,8 @@ def count_saved_activations(args):
         for length in args.lengths:
             cell = {v: in_fresh_process(args, "--saved-probe", v, size, length) for v in args.variants}
             for v, n in cell.items():
-                saved.append(
-                    {
-                        "variant": v,
-                        "size": size,
-                        "length": length,
-                        "dtype": args.saved_activations,
-                        "saved_for_backward_bytes": n,
-                    }
-                )
+                where = {"variant": v, "size": size, "length": length, "dtype": args.saved_activations}
+                saved.append({**where, "saved_for_backward_bytes": n})
                 ratio = f"{n / cell['fairseq']:.3f}" if "fairseq" in cell else "—"
                 lines.append(f"| {size} | {length} | {v} | {n / 2**20:.0f} | {ratio} |")
     print("\n".join(lines))

@@ -55,13 +55,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-from bench import BASELINE, COMPILED, DTYPES, SIZES, VARIANTS, Bench, known_variant, timed
+from bench import BASELINE, COMPILED, DTYPES, SIZES, VARIANTS, Bench, known_variant, say, timed, write_json
 from budget import Budget, Cell, Expected, run
 from cuda_profile import cuda_kernels_of_a_training_step
 from memory import count_saved_activations, peak_memory, peak_memory_probe, saved_for_backward_bytes
 from speed_report import device_name, machine, report, short_table
 
-from common.repo import import_fairseq_quietly, write_result
+from common.repo import import_fairseq_quietly
 
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
 COMPILE_GUESS_S = 120  # --compile-guess: a compiled variant's first step before any has compiled here
@@ -224,12 +224,9 @@ class Timings:
             record["gen_ratio_paired"] = paired(gen, base_gen)
         if kernels is not None:
             record["cuda_kernels"] = kernels
-        print(
-            f"[speed {time.strftime('%H:%M:%S')}] {cell.describe()}: {variant} {record['train_tokens_per_s']:.0f} tokens/s, "
-            f"first step {warmup_s:.1f} s (compiling {compile_s:.1f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
+        speed = f"{record['train_tokens_per_s']:.0f} tokens/s"
+        first = f"first step {warmup_s:.1f} s (compiling {compile_s:.1f} s)"
+        say("speed", f"{cell.describe()}: {variant} {speed}, {first}", file=sys.stderr)
         return record
 
     def end_timings(self, cell):
@@ -276,29 +273,18 @@ def main():
         Timings(args),
         budget,
         expected,
-        lambda runs, skipped: write_json(args, runs, [], skipped, budget),
+        lambda runs, skipped: write_results(args, runs, [], skipped, budget),
     )
     args.tokens_per_batch = args.token_budgets[0]
     saved = count_saved_activations(args) if args.saved_activations else []
-    write_json(args, runs, saved, skipped, budget)
+    write_results(args, runs, saved, skipped, budget)
     print(report(args, runs, skipped, budget), flush=True)
 
 
-def write_json(args, runs, saved, skipped, budget):
-    if args.json:
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "memory_probe", "saved_probe")}
-        write_result(
-            args.json,
-            __file__,
-            sys.argv[1:],
-            device_name(args),
-            machine(args),
-            settings=settings,
-            budget={"seconds": budget.seconds, "used_s": round(budget.used(), 1)},
-            runs=runs,
-            skipped=skipped,
-            saved_for_backward=saved,
-        )
+def write_results(args, runs, saved, skipped, budget):
+    spent = {"seconds": budget.seconds, "used_s": round(budget.used(), 1)}
+    content = {"budget": spent, "runs": runs, "skipped": skipped, "saved_for_backward": saved}
+    write_json(args, __file__, None, device_name(args), machine(args), ("memory_probe", "saved_probe"), **content)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,11 +64,12 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+import torch
+from bench import run_logged, say, train_log, write_json
 from budget import MARGIN, Budget, Cell, Expected
 
-from common import fairseq_log
 from common.host import host
-from common.repo import USER_DIR, VARIANTS, write_result
+from common.repo import USER_DIR, VARIANTS
 
 PHASES = ("forward", "loss", "backward", "grad_norm", "optimizer", "rest")
 PHASE_NAMES = {"grad_norm": "grad norm / clip", "rest": "rest (logging, zeroing, ...)"}
@@ -88,7 +88,6 @@ DEFAULT_CONFIGS = "fairseq,realformer-fairseq-update,realformer,realformer+compi
 MAX_TOKENS_PER_TARGET = {"toy": 1.04, "multi30k": 1.2}  # toy: 4,260 max tokens held 4,100 (wpb)
 COMPILE_GUESS_S = 120  # the first compiled run's compiling, before any was seen (budget.py)
 SETUP_GUESS_S = 60  # the first run's imports, data and updates, before any was seen
-COMPILE_LINE = re.compile(r"--compile-layers: (.*)$", re.M)
 FAST_LINE = re.compile(r"fast update: (.*)$", re.M)
 
 
@@ -160,7 +159,7 @@ def op_counter(phases):
 
 
 class Instrument:
-    """fairseq's ``Trainer.train_step`` wrapped (``with Instrument(...)``, or ``install``): the
+    """fairseq's ``Trainer.train_step`` wrapped (``with Instrument(...)``): the
     updates in *count* run under ``op_counter``, those in *time* are timed by phase, and every
     update's own wall time is kept. An update is numbered from 1, as fairseq's log numbers it."""
 
@@ -205,7 +204,7 @@ class Instrument:
         self._wrap(trainer, "clip_grad_norm", "grad_norm")
         self._wrap(trainer.task, "optimizer_step", "optimizer")
 
-    def install(self):
+    def __enter__(self):
         import fairseq.trainer
 
         original = self._original = fairseq.trainer.Trainer.train_step
@@ -241,18 +240,10 @@ class Instrument:
         fairseq.trainer.Trainer.train_step = train_step
         return self
 
-    def uninstall(self):
+    def __exit__(self, *exc):
         import fairseq.trainer
 
-        if self._original is not None:
-            fairseq.trainer.Trainer.train_step = self._original
-            self._original = None
-
-    def __enter__(self):
-        return self.install()
-
-    def __exit__(self, *exc):
-        self.uninstall()
+        fairseq.trainer.Trainer.train_step = self._original
 
     def summary(self):
         """Ops per update by phase (mean over the counted updates) with their total, host ms per
@@ -293,8 +284,6 @@ def child(spec_path):
     import resource
 
     spec = json.loads(Path(spec_path).read_text())
-    import torch
-
     if spec.get("cudnn_off"):
         torch.backends.cuda.enable_cudnn_sdp(False)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
@@ -390,8 +379,6 @@ def parse_args(argv=None):
     if args.skip >= args.updates:
         p.error(f"--skip {args.skip} leaves nothing of --updates {args.updates}")
     if args.device == "auto":
-        import torch
-
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     for name, _base, precision, _ in args.configs:
         precision = precision or args.precision
@@ -428,11 +415,8 @@ def train_argv(args, data, config, layers, width):
     if base != BASELINE:
         argv += ["--user-dir", str(USER_DIR)]
     argv += CONFIGS[base] + size_flags(layers, width)
-    argv += [
-        "--share-all-embeddings",
-        "--source-lang",
-        *(("en", "--target-lang", "de") if args.data == "multi30k" else ("src", "--target-lang", "tgt")),
-    ]
+    source, target = ("en", "de") if args.data == "multi30k" else ("src", "tgt")
+    argv += ["--share-all-embeddings", "--source-lang", source, "--target-lang", target]
     argv += "--optimizer adam --adam-betas (0.9,0.98) --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 50".split()
     argv += "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --num-workers 0 --no-save".split()
     argv += ["--disable-validation", "--max-update", str(args.updates), "--clip-norm", str(args.clip_norm)]
@@ -467,21 +451,14 @@ def measure(args, data, work, config, size):
     # what it compiled where their graphs are the same (a width and precision seen), unless the
     # caller names a cache of its own
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)]
-    print(
-        f"[train-update {time.strftime('%H:%M:%S')}] {size_name} {name}: fairseq-train {shlex.join(argv)}", flush=True
-    )
+    say("train-update", f"{size_name} {name}: fairseq-train {shlex.join(argv)}")
     start = time.time()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=work, env=env)
+    log = run_logged([sys.executable, Path(__file__).resolve(), "--child", spec_path], work, tag, env=env)
     wall_s = time.time() - start
-    log = result.stdout + result.stderr
-    (work / f"{tag}.log").write_text(log)
-    if result.returncode != 0 or not out_path.exists():
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
-        raise RuntimeError(f"fairseq-train failed ({result.returncode}): {last}; see {work / f'{tag}.log'}")
+    if not out_path.exists():
+        raise RuntimeError(f"fairseq-train wrote no measurements; see {work / f'{tag}.log'}")
     inside = json.loads(out_path.read_text())
-    inner = [fields for _, fields in fairseq_log.records(log.splitlines(), "train_inner")]
-    timed = [r for r in inner if r["num_updates"] - args.log_interval >= args.skip]
+    timed, logged = train_log(log, args.skip + args.log_interval)
     record = {
         "config": name,
         "size": size_name,
@@ -490,13 +467,9 @@ def measure(args, data, work, config, size):
         "precision": precision_of(args, config),
         "cudnn_attention": not cudnn_off,
         "wall_s": round(wall_s, 1),
-        "wps": statistics.median(r["wps"] for r in timed) if timed else None,
+        **logged,
         "wpb": statistics.median(r["wpb"] for r in timed) if timed else None,
-        "intervals": len(timed),
-        "loss_at_end": inner[-1]["loss"] if inner else None,
-        "updates": int(inner[-1]["num_updates"]) if inner else 0,
         "fast_update_log": FAST_LINE.findall(log),
-        "compile_log": COMPILE_LINE.findall(log),
         **inside,
     }
     if record["updates"] and "update_ms" in inside:
@@ -517,20 +490,13 @@ def cell_of(size, args):
     return Sized(size=size_name, layers=layers, length=0, tokens=args.tokens)
 
 
-def write_json(args, argv, records, skipped, budget):
-    if not args.json:
-        return
-    import torch
-
+def write_results(args, argv, records, skipped, budget):
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    argv = sys.argv[1:] if argv is None else argv
+    names = {"configs": [c[0] for c in args.configs], "sizes": [s[0] for s in args.sizes]}
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "work", "summary", "child")}
-    settings["configs"] = [c[0] for c in args.configs]
-    settings["sizes"] = [s[0] for s in args.sizes]
     spent = {"seconds": args.budget, "used_s": round(budget.used(), 1)}
-    write_result(
-        args.json, __file__, argv, device, host(), settings=settings, runs=records, skipped=skipped, budget=spent
-    )
+    settings = {**settings, **names}
+    write_json(args, __file__, argv, device, host(), settings=settings, runs=records, skipped=skipped, budget=spent)
 
 
 def main(argv=None):
@@ -552,8 +518,8 @@ def main(argv=None):
 
     def skip(config, size, reason):
         skipped.append({"config": config[0], "size": size[0], "reason": reason})
-        print(f"[train-update {time.strftime('%H:%M:%S')}] skipped {size[0]} {config[0]}: {reason}", flush=True)
-        write_json(args, argv, records, skipped, budget)
+        say("train-update", f"skipped {size[0]} {config[0]}: {reason}")
+        write_results(args, argv, records, skipped, budget)
 
     for size in args.sizes:
         cell = cell_of(size, args)
@@ -590,7 +556,7 @@ def main(argv=None):
             if "compile_s" in record and base.endswith("+compiled"):
                 compiled[base] = record["compile_s"]
             records.append(record)
-            write_json(args, argv, records, skipped, budget)
+            write_results(args, argv, records, skipped, budget)
             print(line(record), flush=True)
     print(report(records, skipped))
     if args.budget is not None:
@@ -613,22 +579,47 @@ def line(r):
     )
 
 
-def is_fairseq(r):
-    return r["config"].split("@")[0].split("/")[0] == BASELINE
+def base_config(r):
+    """A record's configuration without its ``@PRECISION`` and ``/cudnn-off``."""
+    return r["config"].split("@")[0].split("/")[0]
 
 
 def baseline_of(records, r):
     """The fairseq run *r* is compared with at its size: the one in r's precision with cuDNN
     attention as it comes, else fairseq's fastest there."""
-    same = [b for b in records if is_fairseq(b) and b["size"] == r["size"]]
+    same = [b for b in records if base_config(b) == BASELINE and b["size"] == r["size"]]
     exact = [b for b in same if b["precision"] == r["precision"] and b["cudnn_attention"]]
     return (exact or [best_fairseq(records, r["size"])])[0]
 
 
 def best_fairseq(records, size):
     """fairseq's fastest run at *size* (words/s after warm-up), or None."""
-    timed = [b for b in records if is_fairseq(b) and b["size"] == size and b["wps"]]
+    timed = [b for b in records if base_config(b) == BASELINE and b["size"] == size and b["wps"]]
     return max(timed, key=lambda b: b["wps"], default=None)
+
+
+def _row(label, cells):
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
+def _phase_rows(rows, key, digits):
+    """A row a phase and the total: each run's *key* (ops or ms) for it."""
+    phases = (*PHASES, "total")
+    return [_row(PHASE_NAMES.get(p, p), [_fmt(r.get(key, {}).get(p), digits) for r in rows]) for p in phases]
+
+
+def _ops_share(r, b):
+    """*r*'s ATen ops per update over fairseq's run *b*'s, or None."""
+    return r["ops"]["total"] / b["ops"]["total"] if b and r.get("ops") and b.get("ops") else None
+
+
+def _speed_over(r, b):
+    return _fmt(r["wps"] / b["wps"], 3) if b and b["wps"] and r["wps"] else "—"
+
+
+def _memory_mib(r):
+    peak = r.get("cuda_max_allocated_bytes") or r.get("peak_rss_bytes")
+    return _fmt(peak / 2**20) if r.get("peak_rss_bytes") else "—"
 
 
 def report(records, skipped=()):
@@ -638,72 +629,36 @@ def report(records, skipped=()):
     for size in dict.fromkeys(r["size"] for r in records):
         rows = [r for r in records if r["size"] == size]
         names = [f"{r['config']}" + (f" ({r['precision']})" if "@" not in r["config"] else "") for r in rows]
-        head = "| " + " | ".join(["phase", *names]) + " |"
-        rule = "|---" * (len(rows) + 1) + "|"
-        lines += [
-            "",
-            f"{size}: ATen ops per update (updates {', '.join(map(str, rows[0].get('counted_updates', [])))})",
-            head,
-            rule,
-        ]
-        for phase in (*PHASES, "total"):
-            cells = [_fmt(r.get("ops", {}).get(phase)) for r in rows]
-            lines.append(f"| {PHASE_NAMES.get(phase, phase)} | " + " | ".join(cells) + " |")
+        head = [_row("phase", names), "|---" * (len(rows) + 1) + "|"]
+        counted = ", ".join(map(str, rows[0].get("counted_updates", [])))
+        lines += ["", f"{size}: ATen ops per update (updates {counted})", *head, *_phase_rows(rows, "ops", 0)]
         base = baseline_of(records, rows[0])
-        ratio = [
-            _fmt(r["ops"]["total"] / base["ops"]["total"], 2) + "×"
-            if base and r.get("ops") and base.get("ops")
-            else "—"
-            for r in rows
-        ]
-        lines.append("| × fairseq's total | " + " | ".join(ratio) + " |")
-        lines.append("| parameter tensors | " + " | ".join(_fmt(r.get("tensors")) for r in rows) + " |")
-        lines += ["", f"{size}: host ms per phase (median of the timed updates)", head, rule]
-        for phase in (*PHASES, "total"):
-            cells = [_fmt(r.get("ms", {}).get(phase), 2) for r in rows]
-            lines.append(f"| {PHASE_NAMES.get(phase, phase)} | " + " | ".join(cells) + " |")
-        lines += ["", f"{size}: fairseq-train", head, rule]
-        lines.append("| words/s | " + " | ".join(_fmt(r["wps"]) for r in rows) + " |")
-        speed = []
-        for r in rows:
-            b = baseline_of(records, r)
-            speed.append(_fmt(r["wps"] / b["wps"], 3) if b and b["wps"] and r["wps"] else "—")
-        lines.append("| × fairseq | " + " | ".join(speed) + " |")
+        shares = [_ops_share(r, base) for r in rows]
+        lines.append(_row("× fairseq's total", ["—" if x is None else _fmt(x, 2) + "×" for x in shares]))
+        lines.append(_row("parameter tensors", [_fmt(r.get("tensors")) for r in rows]))
+        lines += ["", f"{size}: host ms per phase (median of the timed updates)", *head, *_phase_rows(rows, "ms", 2)]
+        train = {"words/s": [_fmt(r["wps"]) for r in rows]}
+        train["× fairseq"] = [_speed_over(r, baseline_of(records, r)) for r in rows]
         best = best_fairseq(records, size)
         if best is not None:
-            over_best = [_fmt(r["wps"] / best["wps"], 3) if r["wps"] else "—" for r in rows]
-            lines.append(
-                f"| × fairseq's best ({best['config']}, {best['precision']}) | " + " | ".join(over_best) + " |"
-            )
-        lines.append("| target tokens an update (wpb) | " + " | ".join(_fmt(r["wpb"]) for r in rows) + " |")
-        lines.append("| ms an update (median) | " + " | ".join(_fmt(r.get("update_ms_median"), 1) for r in rows) + " |")
-        lines.append(
-            "| first update s | " + " | ".join(_fmt(r.get("update_ms", {}).get("1", 0) / 1e3, 1) for r in rows) + " |"
-        )
-        lines.append(
-            "| compiling s | "
-            + " | ".join(_fmt(r.get("compile_s"), 1) if "compile_s" in r else "—" for r in rows)
-            + " |"
-        )
-        lines.append(f"| wall s ({rows[0]['updates']} updates) | " + " | ".join(_fmt(r["wall_s"]) for r in rows) + " |")
-        lines.append("| loss at the end | " + " | ".join(_fmt(r["loss_at_end"], 3) for r in rows) + " |")
-        memory = [
-            _fmt((r.get("cuda_max_allocated_bytes") or r.get("peak_rss_bytes")) / 2**20)
-            if r.get("peak_rss_bytes")
-            else "—"
-            for r in rows
-        ]
-        lines.append("| peak memory MiB | " + " | ".join(memory) + " |")
+            train[f"× fairseq's best ({best['config']}, {best['precision']})"] = [_speed_over(r, best) for r in rows]
+        train["target tokens an update (wpb)"] = [_fmt(r["wpb"]) for r in rows]
+        train["ms an update (median)"] = [_fmt(r.get("update_ms_median"), 1) for r in rows]
+        train["first update s"] = [_fmt(r.get("update_ms", {}).get("1", 0) / 1e3, 1) for r in rows]
+        train["compiling s"] = [_fmt(r.get("compile_s"), 1) for r in rows]
+        train[f"wall s ({rows[0]['updates']} updates)"] = [_fmt(r["wall_s"]) for r in rows]
+        train["loss at the end"] = [_fmt(r["loss_at_end"], 3) for r in rows]
+        train["peak memory MiB"] = [_memory_mib(r) for r in rows]
+        lines += ["", f"{size}: fairseq-train", *head, *(_row(label, cells) for label, cells in train.items())]
     targets = {"realformer": 0.50, "realformer+compiled": 0.30}
     checks = []
     for r in records:
-        base_name = r["config"].split("@")[0].split("/")[0]
-        b = baseline_of(records, r)
-        if base_name in targets and r.get("ops") and b and b.get("ops"):
-            share = r["ops"]["total"] / b["ops"]["total"]
-            verdict = "met" if share <= targets[base_name] else "NOT met"
+        share, target = _ops_share(r, baseline_of(records, r)), targets.get(base_config(r))
+        if target is not None and share is not None:
+            verdict = "met" if share <= target else "NOT met"
             checks.append(
-                f"- {r['size']} {r['config']} ({r['precision']}): {share:.3f}× fairseq's ops per update (target ≤ {targets[base_name]:.2f}×: {verdict})"
+                f"- {r['size']} {r['config']} ({r['precision']}): {share:.3f}× fairseq's ops per update "
+                f"(target ≤ {target:.2f}×: {verdict})"
             )
     if checks:
         lines += ["", "The fast path's ops per update against fairseq's:", *checks]
