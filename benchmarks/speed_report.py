@@ -118,9 +118,11 @@ def short_table(runs, skipped, budget):
         if r.get("peak_mem_bytes") and b.get("peak_mem_bytes"):
             memory = f"{r['peak_mem_bytes'] / b['peak_mem_bytes']:.3f}"
         ratio = "—" if r.get("train_ratio_paired") is None else f"{r['train_ratio_paired']:.3f}"
+        # a JSON older than speed.py's timing of the first step has none (cpu-speed-quick.json)
+        first = f"{r['warmup_s']:.1f} s ({r['compile_s']:.1f} s)" if "warmup_s" in r else "—"
         lines.append(
             f"| {r['size']}/{r['length']}/{r['tokens_per_batch']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
-            f"{ratio} | {memory} | {r['warmup_s']:.1f} s ({r['compile_s']:.1f} s) |"
+            f"{ratio} | {memory} | {first} |"
         )
     lines += [
         f"skipped: {s['what']} of {s['variant']} at {s['size']}/{s['length']}/{s['tokens_per_batch']}" for s in skipped
