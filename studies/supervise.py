@@ -61,8 +61,8 @@ def run_all(study, data_dir, previous=None, on_finished=None):
         for seed in study.seeds:
             for config in study.configs:
                 submit(config, seed)
+        record = study.record(previous)
         while True:
-            record = study.record(previous)
             for variant, lr in record.widening():  # a variant's best at an edge: the rate beyond it
                 for seed in study.seeds:
                     submit(study.config(variant, lr), seed)
@@ -74,8 +74,9 @@ def run_all(study, data_dir, previous=None, on_finished=None):
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             errors += [future.result() for future in done if future.result()]
+            record = study.record(previous)  # once a round: it reads every run folder
             if on_finished is not None and not runner.stopping and any(not f.result() for f in done):
-                on_finished(study.record(previous))
+                on_finished(record)
     if runner.stopping:
         raise SystemExit(130)
     if errors:  # every run that could not train, one line each: the others trained meanwhile
