@@ -7,9 +7,9 @@ nothing; it reads the studies' JSONs and their committed translations.
 
 1. Best against best at each depth: each variant at the rate its study chose on validation BLEU
    (a study of one rate: that rate), mean ± sample std over the seeds present, sacrebleu's paired
-   bootstrap seed by seed and the exact permutation test across seeds for realformer − admin,
-   realformer − pre-ln and admin − pre-ln (studies/tables.py's tables, as quality.py reports a
-   study).
+   bootstrap seed by seed and the exact permutation test across seeds for each pair of
+   scoring.PAIRS present (e.g. realformer − admin, pre-ln-realformer − pre-ln; studies/tables.py's
+   tables, as quality.py reports a study).
 2. Depth against depth: each variant's deeper test BLEU against every shallower study's, the
    difference of the means and its permutation p where both have two seeds or more.
 3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line.
@@ -38,10 +38,16 @@ from studies.study import StudyRecord
 RESULTS = REPO / "studies" / "results"
 STUDIES = [
     RESULTS / f"cpu-quality-{name}-multi30k-en-de.json"
-    for name in ("lr-sweep", "deepnorm-4", "depth-12", "depth-18", "depth-18-pre-ln-deepnorm")
+    for name in (
+        "lr-sweep",
+        "deepnorm-4",
+        "depth-12",
+        "depth-18",
+        "depth-18-pre-ln-deepnorm",
+        "depth-18-pre-ln-realformer",
+    )
 ]
 FIGURE = REPO / "docs" / "figures" / "lr-sweep" / "cpu-quality-depth-multi30k-en-de.bleu-vs-depth.png"
-# (system, baseline): residual attention against each backbone a user could pick instead, and ADMIN against Pre-LN
 BEHIND_BLEU = 2.0  # a seed this far below its variant's best seed is named (an unlucky or unstable one)
 FAILED_BLEU = 10.0  # below this mean test BLEU a variant did not train at that depth (those that did: 34 and up)
 
@@ -218,11 +224,11 @@ def figure_lines(studies, test_name):
 
 def one_rate(studies):
     """ "VARIANT at N+N (LR)" for each variant a study ran at one peak lr only: its dot is not a
-    best rate (DeepNorm at 4+4, issue 69)."""
+    best rate (DeepNorm at 4+4, issue 69); not a sweep's variant with one of its rates in so far."""
     found = []
     for merged in studies:
         for study in merged.parts:  # a depth's studies, each with its own runs
-            for variant in study.settings["variants"]:
+            for variant in (v for v in study.settings["variants"] if v not in study.undecided()):
                 rates = {r["lr"] for r in study.runs if r["variant"] == variant}
                 if len(rates) == 1:
                     found.append(f"{variant} at {study.layers}+{study.layers} ({rates.pop():g})")

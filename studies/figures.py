@@ -12,7 +12,7 @@ from studies.scoring import primary
 quiet_logging()  # matplotlib's line for every font lookup
 
 # the learning-rate sweep's variants in the order its figures coloured them, then DeepNorm (issue 69)
-COLOUR_ORDER = ("post-ln", "pre-ln", "admin", "realformer", "post-ln-realformer", "deepnorm")
+COLOUR_ORDER = ("post-ln", "pre-ln", "admin", "realformer", "post-ln-realformer", "deepnorm", "pre-ln-realformer")
 
 
 def variant_colours(variants):

@@ -19,6 +19,8 @@ PAIRS = (
     ("realformer", "pre-ln"),  # what a user picks for a deep model instead
     ("realformer", "deepnorm"),  # the method built for depth
     ("admin", "pre-ln"),
+    ("pre-ln-realformer", "pre-ln"),  # residual attention on the backbone a user picks
+    ("pre-ln-realformer", "realformer"),  # on Pre-LN or on ADMIN
 )
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
 quiet_logging()  # sacrebleu's line for every resampling

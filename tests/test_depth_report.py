@@ -225,22 +225,27 @@ def test_a_seed_that_did_not_train_is_named_not_drawn_nor_averaged_into_the_draw
 def test_the_figure_says_which_dots_are_at_the_one_rate_a_variant_ran(tmp_path):
     """The figure's title promises each variant's best peak lr; a variant a study ran at one rate
     only (DeepNorm's 4+4 probe, issue 69) is named with that rate, also inside a depth made of two
-    studies. Variants swept over two rates are not."""
+    studies. Variants swept over two rates are not, nor one with the first of its rates in (issue 86:
+    pre-ln-realformer's 2e-3 run came first; its dot is not drawn until its rate is chosen)."""
     depth_report = load_script("depth_report", STUDIES)
     sweep_path = _study(tmp_path / "a", 4, {"admin": {1: 37.0}, "pre-ln": {1: 36.0}})
     sweep = json.loads(sweep_path.read_text())
     sweep["runs"] += [{**run, "lr": 4e-3} for run in sweep["runs"]]
     sweep_path.write_text(json.dumps(sweep))
     probe_path = _study(tmp_path / "b", 4, {"deepnorm": {1: 35.7}})
-    group = [depth_report.load(path, tmp_path) for path in (sweep_path, probe_path)]
+    started_path = _study(tmp_path / "c", 4, {"pre-ln-realformer": {1: 36.3}}, lrs=[2e-3, 1e-3, 4e-3], widen=True)
+    group = [depth_report.load(path, tmp_path) for path in (sweep_path, probe_path, started_path)]
     assert depth_report.one_rate([StudyRecord.merged(group)]) == ["deepnorm at 4+4 (0.002)"]
+    assert depth_report.figure_lines([StudyRecord.merged(group)], TEST_SET)[-1][0] == "deepnorm"
 
 
 def test_a_variant_has_one_colour_in_every_depth_figure_whatever_else_it_draws():
     """The depth figure draws the sweep's five variants and DeepNorm, the 18+18 curves four of them
     in another order: read side by side, each variant must be the same colour in both."""
-    depth = variant_colours(["post-ln", "pre-ln", "admin", "realformer", "post-ln-realformer", "deepnorm"])
-    curves = variant_colours(["admin", "realformer", "pre-ln", "deepnorm"])
+    depth = variant_colours(
+        ["post-ln", "pre-ln", "admin", "realformer", "post-ln-realformer", "deepnorm", "pre-ln-realformer"]
+    )
+    curves = variant_colours(["admin", "realformer", "pre-ln-realformer", "pre-ln", "deepnorm"])
     assert all(curves[variant] == depth[variant] for variant in curves)
     assert len(set(depth.values())) == len(depth), "two variants share a colour"
     other = variant_colours(["rezero", "admin"])  # a variant outside the sweep takes a colour none of it uses
