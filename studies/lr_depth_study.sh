@@ -28,8 +28,8 @@
 #      then seeds 2 and 3 at the better on validation BLEU. Float32, after stage 6.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 # --jobs N trains N runs side by side, one thread each; --jobs 1, one on every core. On the 2-core
-# AMD EPYC VM an 18+18 run makes ~950 tokens/s alone and ~900 beside another (2026-12-02): --jobs 2
-# trains nearly twice as much, each run ~5.5 h instead of ~3 h (20 epochs of 132 updates).
+# AMD EPYC VM an 18+18 run makes ~950 tokens/s alone and ~660 beside another (2026-12-02): --jobs 2
+# trains ~40% more in all, each run ~4 hours rather than ~3 (20 epochs, 132 updates each).
 #
 #   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5,6,7]
 set -euo pipefail
