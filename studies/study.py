@@ -222,10 +222,21 @@ class StudyRecord:
     @classmethod
     def merged(cls, parts):
         """Studies of one depth as one record: each variant's runs at its best rate side by side,
-        their settings' variants in order, not a sweep; each study stays in ``parts``."""
-        variants = list(dict.fromkeys(v for part in parts for v in part.settings["variants"]))
+        their settings' variants in order, not a sweep; each study stays in ``parts``. A study
+        warmed up otherwise than the first names its variants with it ("deepnorm, warm-up 1600"):
+        its seeds are not the same variant's."""
+
+        def named(part, name):  # a variant or a run's label
+            warmup = part.settings.get("warmup")
+            return name if warmup == parts[0].settings.get("warmup") else f"{name}, warm-up {warmup}"
+
+        variants = list(dict.fromkeys(named(part, v) for part in parts for v in part.settings["variants"]))
         settings = {**{k: v for k, v in parts[0].settings.items() if k != "lrs"}, "variants": variants}
-        runs = [r for part in parts for r in part.compared]
+        runs = [
+            {**r, "variant": named(part, r["variant"]), "label": named(part, r["label"])}
+            for part in parts
+            for r in part.compared
+        ]
         return cls({**parts[0].data, "settings": settings, "runs": runs}, parts=parts)
 
     def run(self, variant, lr, seed):

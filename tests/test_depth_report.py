@@ -187,6 +187,21 @@ def test_studies_of_one_depth_are_one_section_and_residual_attention_meets_each_
     assert "| realformer | 18+18 | 39.00 ± 0.79 (lr 0.002, 5 seeds) | " in out and "| deepnorm | 18+18 |" not in out
 
 
+def test_a_study_of_the_same_depth_with_another_warm_up_is_its_own_variant_not_more_seeds(tmp_path, capsys):
+    """Stage 7 of lr_depth_study.sh (issue 86) trains DeepNorm at 18+18 again with 1,600 warm-up
+    updates: beside the 400-update study its seeds must not be pooled with those of the same name."""
+    ours = {"pre-ln": {1: 37.0, 2: 38.0, 3: 39.0}, "deepnorm": {1: 2.0, 2: 3.0, 3: 36.0}}
+    longer = {"deepnorm": {1: 35.0, 2: 36.0, 3: 37.0}}
+    studies = [_study(tmp_path / "a", 18, ours, warmup=400), _study(tmp_path / "b", 18, longer, warmup=1600)]
+    out = _report(capsys, *studies, "--figure", tmp_path / "depth.png")
+    assert f"| deepnorm | 1,2,3 | {_mean_cell([2.0, 3.0, 36.0])} |" in out
+    assert f"| deepnorm, warm-up 1600 | 1,2,3 | {_mean_cell([35.0, 36.0, 37.0])} |" in out
+    depth_report = load_script("depth_report", STUDIES)
+    merged = StudyRecord.merged([depth_report.load(path, tmp_path) for path in studies])
+    lines = {variant: found for variant, [(_, found, _)], _ in depth_report.figure_lines([merged], TEST_SET)}
+    assert lines == {"pre-ln": [37.0, 38.0, 39.0], "deepnorm": [36.0], "deepnorm, warm-up 1600": [35.0, 36.0, 37.0]}
+
+
 def test_the_figure_names_a_variant_that_trained_at_no_depth(tmp_path):
     """A variant run only where it failed (DeepNorm before its 4+4 run, issue 69): the depth figure
     draws no point of it but names it in the legend, as it names the depths where another failed."""
