@@ -145,8 +145,7 @@ class Study:
         if path is None or not path.exists():
             return None
         record = StudyRecord.load(path, self.data)
-        defining = ("preset", "epochs", "layers", "warmup", "bf16")  # what the runs were trained with, but the rate
-        return record if all(record.settings.get(k) == self.settings().get(k) for k in defining) else None
+        return record if all(record.settings.get(k) == self.settings().get(k) for k in DEFINING) else None
 
     def config(self, variant, lr):
         """The config that trains *variant* at *lr* (a sweep's rate, or one beyond its edges)."""
@@ -207,6 +206,10 @@ class Study:
             print(f"[quality] wrote {path}")
 
 
+# the settings a run was trained with, the rate aside: runs that differ in one are not the same study's
+DEFINING = ("preset", "epochs", "layers", "warmup", "bf16")
+
+
 class StudyRecord:
     """A study's record: its settings and its runs, as its JSON holds them (load) or as a Study
     gathers them (Study.record); the questions asked of a study, each answered here."""
@@ -223,12 +226,12 @@ class StudyRecord:
     def merged(cls, parts):
         """Studies of one depth as one record: each variant's runs at its best rate side by side,
         their settings' variants in order, not a sweep; each study stays in ``parts``. A study
-        warmed up otherwise than the first names its variants with it ("deepnorm, warm-up 1600"):
-        its seeds are not the same variant's."""
+        trained otherwise than the first (DEFINING) names its variants with what differs
+        ("deepnorm, warm-up 1600"): its seeds are not the same variant's."""
 
         def named(part, name):  # a variant or a run's label
-            warmup = part.settings.get("warmup")
-            return name if warmup == parts[0].settings.get("warmup") else f"{name}, warm-up {warmup}"
+            differs = [k for k in DEFINING if part.settings.get(k) != parts[0].settings.get(k)]
+            return ", ".join([name] + [f"{k.replace('warmup', 'warm-up')} {part.settings.get(k)}" for k in differs])
 
         variants = list(dict.fromkeys(named(part, v) for part in parts for v in part.settings["variants"]))
         settings = {**{k: v for k, v in parts[0].settings.items() if k != "lrs"}, "variants": variants}
