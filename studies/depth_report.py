@@ -45,6 +45,7 @@ STUDIES = [
         "depth-18",
         "depth-18-pre-ln-deepnorm",
         "depth-18-pre-ln-realformer",
+        "depth-18-deepnorm-warmup-1600",  # stage 7 of lr_depth_study.sh (issue 86); absent until it trains
     )
 ]
 FIGURE = REPO / "docs" / "figures" / "lr-sweep" / "cpu-quality-depth-multi30k-en-de.bleu-vs-depth.png"

@@ -12,7 +12,16 @@ from studies.scoring import primary
 quiet_logging()  # matplotlib's line for every font lookup
 
 # the learning-rate sweep's variants in the order its figures coloured them, then DeepNorm (issue 69)
-COLOUR_ORDER = ("post-ln", "pre-ln", "admin", "realformer", "post-ln-realformer", "deepnorm", "pre-ln-realformer")
+COLOUR_ORDER = (
+    "post-ln",
+    "pre-ln",
+    "admin",
+    "realformer",
+    "post-ln-realformer",
+    "deepnorm",
+    "pre-ln-realformer",
+    "deepnorm, warm-up 1600",  # StudyRecord.merged's name for stage 7 of lr_depth_study.sh (issue 86)
+)
 
 
 def variant_colours(variants):

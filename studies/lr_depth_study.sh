@@ -88,10 +88,10 @@ nice -n 19 "$py" "$root/studies/quality.py" --preset cpu ${flag[@]+"${flag[@]}"}
   --seeds 1 --best-seeds 2,3 --variants admin,realformer --jobs "$jobs" --dropout-gap --out "$out/depth-18" \
   --machine "$machine" --json "$results/cpu-quality-depth-18-multi30k-en-de$tag.json"
 fi
+# stages 5-7: float32 whatever --precision says, as the committed 18+18 study's runs are
+depth18=(--preset cpu --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
 if stage 5; then
 say "5/5 depth settled at 18+18 in $out/depth-18: seeds 4, 5 of admin and realformer, beside them pre-ln and deepnorm"
-# float32 whatever --precision says: the committed 18+18 study's runs are float32
-depth18=(--preset cpu --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
 # side by side into one --out, the two studies train --jobs runs between them: the first starts a
 # minute ahead to take its slots (its runs resume first), and a core it leaves is the second's at once
 nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 1e-3,2e-3 --widen --best-seeds 2,3,4,5 --variants admin,realformer \
@@ -104,7 +104,6 @@ wait "$first"
 fi
 if stage 6; then
 say "6/6 residual attention on Pre-LN at 18+18 in $out/depth-18: pre-ln-realformer's rate and seeds, pre-ln's seeds 4, 5"
-depth18=(--preset cpu --layers 18 --seeds 1 --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine")
 # 2e-3 first: the rate of every other 18+18 variant but deepnorm, compared first
 nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --lr 2e-3,1e-3,4e-3 --widen --best-seeds 2,3,4,5 \
   --variants pre-ln-realformer --json "$results/cpu-quality-depth-18-pre-ln-realformer-multi30k-en-de.json" &
@@ -117,8 +116,7 @@ wait "$first"
 fi
 if stage 7; then
 say "7/7 deepnorm at 18+18 with 1,600 warm-up updates (4x the recipe's) in $out/depth-18"
-nice -n 19 "$py" "$root/studies/quality.py" --preset cpu --layers 18 --warmup 1600 --lr 1e-3,2e-3 --seeds 1 \
-  --best-seeds 2,3 --variants deepnorm --jobs "$jobs" --dropout-gap --out "$out/depth-18" --machine "$machine" \
-  --json "$results/cpu-quality-depth-18-deepnorm-warmup-1600-multi30k-en-de.json"
+nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --warmup 1600 --lr 1e-3,2e-3 --best-seeds 2,3 \
+  --variants deepnorm --json "$results/cpu-quality-depth-18-deepnorm-warmup-1600-multi30k-en-de.json"
 fi
 say "done"
