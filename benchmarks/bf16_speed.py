@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
 from bench import say
 
-from common import fairseq_log
+from common import allocator, fairseq_log
 from common.host import host
 from common.presets import PRESETS
-from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS, VENV
+from common.repo import MULTI30K, REPO, RUNS, USER_DIR, VARIANTS, VENV, work_folder
 from common.repo import header as result_header
 
 SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
@@ -80,7 +80,7 @@ def parse_args(argv=None):
         "--repeats, --gen-sentences and --threads apply",
     )
     p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
-    p.add_argument("--out", default=str(REPO / "runs" / "bf16-speed"), help="work folder (default: %(default)s)")
+    p.add_argument("--out", help="work folder (default: runs/bf16-speed; runs/ is REALFORMER_RUNS when set)")
     p.add_argument("--machine", default=host())
     p.add_argument("--json", help="also write the numbers here")
     args = p.parse_args(argv)
@@ -93,7 +93,7 @@ def parse_args(argv=None):
         p.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(MODELS)}")
     if args.updates < 2 * args.log_interval:
         p.error("--updates must be at least twice --log-interval (the first interval is warm-up)")
-    args.out = Path(args.out)
+    args.out = work_folder(args.out or RUNS / "bf16-speed")
     return args
 
 
@@ -113,7 +113,7 @@ def cpu_flags(precision):
 
 def run_measured(cmd, args, log_path):
     """Run *cmd* on --threads; return (its output, its peak resident set in bytes)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env = allocator.environment(dict(os.environ, OMP_NUM_THREADS=str(args.threads)), cpu=True)
     with open(log_path, "w") as log:
         process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)

@@ -33,7 +33,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: co
 import torch
 from bench import run_logged, say, train_log, write_json
 
-from common import fairseq_log
+from common import allocator, fairseq_log
 from common.host import host
 from common.presets import PRESETS
 from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS
@@ -111,7 +111,7 @@ def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
     say("compiled-train", f"{name}: {shlex.join(command)}")
     start = time.time()
     try:
-        log = run_logged(command, work, name)
+        log = run_logged(command, work, name, env=allocator.environment())
     except RuntimeError:
         raise SystemExit(f"compiled_train.py: error: the {name} run failed; see {work / f'{name}.log'}") from None
     wall_s = round(time.time() - start, 1)

@@ -10,6 +10,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "fairseq_realformer"
 VENV = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
+# where trainings keep their run folders: REALFORMER_RUNS, a folder that a fresh checkout keeps (a
+# study outlasts a session, and a checkout can be laid anew between sessions), else the checkout's runs/
+RUNS = Path(os.path.abspath(os.path.expanduser(os.environ.get("REALFORMER_RUNS") or REPO / "runs")))
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"  # the default --data
 _variants = runpy.run_path(str(USER_DIR / "variants.py"))
 VARIANTS, parse_variants = _variants["VARIANTS"], _variants["parse"]
@@ -47,8 +50,9 @@ def header(script, argv, machine):
     import datetime
     import shlex
 
-    # a path inside the checkout as the checkout names it: the command runs in any clone
-    argv = [repo_relative(a) if os.path.isabs(a) and Path(a).is_relative_to(REPO) else a for a in map(str, argv)]
+    # a path inside the checkout (or REALFORMER_RUNS, its runs/) as the checkout names it: the
+    # command runs in any clone, and names no machine's folder
+    argv = [repo_relative(a) if os.path.isabs(a) and _inside(a) else a for a in map(str, argv)]
     return {
         "command": shlex.join(["python", repo_relative(script), *argv]),
         "machine": machine,
@@ -68,10 +72,27 @@ def write_result(path, script, argv, device, machine, **content):
     Path(path).write_text(json.dumps(result, indent=1))
 
 
-def repo_relative(path) -> str:
-    """*path* as the repository's files name it (relative to it), or absolute when outside it."""
+def _inside(path) -> bool:
     path = Path(path).resolve()
+    return path.is_relative_to(REPO) or path.is_relative_to(RUNS.resolve())
+
+
+def repo_relative(path) -> str:
+    """*path* as the repository's files name it: relative to it, a run folder under REALFORMER_RUNS
+    as runs/NAME (which ``work_folder`` takes back there), or absolute when outside both."""
+    path = Path(path).resolve()
+    if path.is_relative_to(RUNS.resolve()):
+        return str(Path("runs") / path.relative_to(RUNS.resolve()))
     return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+
+def work_folder(path) -> Path:
+    """The folder a tool's --out *path* names, absolute: the checkout's runs/NAME (typed as
+    ``runs/NAME`` from the checkout's root, as the committed results' commands name it) is
+    REALFORMER_RUNS/NAME when that is set; any other path as given."""
+    path = Path(os.path.abspath(os.path.expanduser(path)))
+    inside = path.relative_to(REPO / "runs") if path.is_relative_to(REPO / "runs") else None
+    return RUNS / inside if inside is not None else path
 
 
 if str(REPO) not in sys.path:  # the plugin of this checkout, also when it is not installed

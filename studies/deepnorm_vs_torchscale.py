@@ -57,7 +57,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.host import host
 from common.presets import PRESETS
-from common.repo import REPO, USER_DIR, VARIANTS, repo_relative, write_result
+from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative, write_result
 from studies.checkpoints import InputError, batches, import_plugin
 
 PROG = "deepnorm_vs_torchscale.py"
@@ -67,7 +67,7 @@ RECIPE_ARCH = "realformer_iwslt_de_en"
 UPDATES_PER_EPOCH = 132  # of the study's data at --max-tokens 4096 (runs/depth-18/data/updates_per_epoch)
 # flag, default (its type is the flag's), help
 OPTIONS = (
-    ("--data", str(REPO / "runs" / "depth-18" / "data" / "bin"), "binarised en-de data"),
+    ("--data", str(RUNS / "depth-18" / "data" / "bin"), "binarised en-de data"),
     ("--layers", 4, "encoder and decoder layers"),
     ("--lr", 2e-3, "peak learning rate"),
     ("--seed", 1, "initialisation and dropout seed"),

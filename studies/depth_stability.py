@@ -37,9 +37,9 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
-from common import fairseq_log, multi30k_args
+from common import allocator, fairseq_log, multi30k_args
 from common.host import host
-from common.repo import REPO, USER_DIR, VARIANTS, commit, import_fairseq_quietly
+from common.repo import REPO, RUNS, USER_DIR, VARIANTS, commit, import_fairseq_quietly, work_folder
 from studies.divergence import divergence
 
 BIN = Path(sys.executable).parent
@@ -52,7 +52,7 @@ MEASURED += ("grad_norm_encoder_layer0", "grad_norm_decoder_layer0")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(REPO / "runs" / "depth_stability"), help="work folder (default: %(default)s)")
+    p.add_argument("--out", help="work folder (default: runs/depth_stability; runs/ is REALFORMER_RUNS when set)")
     p.add_argument("--pairs", type=int, default=4000, help="training sentence pairs (default: %(default)s)")
     p.add_argument("--valid-pairs", type=int, default=500)
     p.add_argument("--vocab", type=int, default=2000, help="joint sentencepiece vocabulary")
@@ -166,7 +166,8 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
         enc_norm, dec_norm = first_layer_grad_norms(flags)
     log(f"{variant}: first-layer gradient norms at init: encoder {enc_norm:.3g}, decoder {dec_norm:.3g}; training")
     start = time.time()
-    proc = subprocess.run([str(BIN / "fairseq-train"), *flags], capture_output=True, text=True)
+    cmd = [str(BIN / "fairseq-train"), *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=allocator.environment())
     lines = (proc.stdout + proc.stderr).splitlines()
     (out / variant / "train.log").write_text(proc.stdout + proc.stderr)
     stats = list(fairseq_log.records(lines, "train_inner", "valid"))
@@ -279,7 +280,7 @@ def main(argv=None):
     if args.add_to and added_already(json.loads(Path(args.add_to).read_text()), settings, args.variants):
         log(f"{args.add_to} holds these runs already: nothing to train")
         return
-    out = Path(args.out)
+    out = work_folder(args.out or RUNS / "depth_stability")
     out.mkdir(parents=True, exist_ok=True)
     settings_file = out / "settings.json"
     if settings_file.exists() and json.loads(settings_file.read_text()) != settings:

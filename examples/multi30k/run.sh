@@ -17,13 +17,15 @@
 #                                       average of the last 10; BLEU on the tokenised, lowercased text
 #
 # DATA_DIR holds train.L.gz, val.L.gz and test_*.L.gz (raw text, read in place; default
-# ../shared/data/multi30k from the repository root). RUN_DIR: runs/multi30k-SRC-TGT.
-# Sized for one GPU (minutes); on a CPU it runs too, slowly. Set ARCH, EPOCHS to change them;
+# ../shared/data/multi30k from the repository root). RUN_DIR: runs/multi30k-SRC-TGT, under
+# REALFORMER_RUNS when it is set (a folder that a fresh checkout keeps).
+# Sized for one GPU (minutes); on a CPU it runs too, slowly, with glibc's allocator settings of
+# common/allocator.py (REALFORMER_MALLOC=off: without). Set ARCH, EPOCHS to change them;
 # flags after -- go to fairseq-train last, so they win (e.g. -- --backbone pre-ln).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-usage() { sed -n '2,22p' "$0" | cut -c3-; exit 2; }
+usage() { sed -n '2,24p' "$0" | cut -c3-; exit 2; }
 die() { echo "run.sh: error: $*" >&2; exit 2; }
 
 tiny=0 prepare_only=0 published=0 src=en tgt=de test_sets=
@@ -48,7 +50,7 @@ train_extra=("$@")
 set -- ${positional[@]+"${positional[@]}"}
 [ $# -le 2 ] || usage
 data=${1:-$root/../shared/data/multi30k}
-run=${2:-$root/runs/multi30k-$src-$tgt$([ $tiny = 1 ] && echo -tiny || true)}
+run=${2:-${REALFORMER_RUNS:-$root/runs}/multi30k-$src-$tgt$([ $tiny = 1 ] && echo -tiny || true)}
 arch=${ARCH:-realformer_iwslt_de_en}
 
 # --- the languages and test sets, checked before anything runs ---
@@ -118,6 +120,9 @@ say "1/5 set-up: scripts/setup_env.sh"
 "$root/scripts/setup_env.sh"
 bin=${REALFORMER_VENV:-$root/.venv}/bin
 py=$bin/python
+# on a CPU, glibc's allocator settings that train ~1.35x faster with the same numbers, all three or
+# none (common/allocator.py; REALFORMER_MALLOC=off keeps glibc's defaults)
+while IFS= read -r setting; do export "${setting?}"; done < <("$py" "$root/common/allocator.py")
 
 if [ -e "$run/bin/dict.$tgt.txt" ]; then say "2/5 subwords + binarize: $run/bin exists, skipped"
 elif [ $published = 1 ]; then
