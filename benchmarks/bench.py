@@ -8,20 +8,25 @@ layers (a plugin variant: ``--compile-layers``; ``fairseq+compiled``: fairseq's 
 by hand with ``nn.Module.compile``, what a user of fairseq could do).
 
 Also what several benchmarks share: a fairseq-train run in a subprocess and what its log says
-(train_update.py, compiled_train.py), the --json writer, a timer.
+(train_update.py, compiled_train.py), the quality study's data and fairseq-train runs timed side
+by side with their peak memory (bf16_speed.py, allocator_speed.py), the --json writer, a timer.
 """
 
 import contextlib
+import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from common import fairseq_log
 from common.repo import (
+    REPO,
     STOCK,
     USER_DIR,  # (variants read as a file: fairseq is not imported yet)
     write_result,
@@ -212,6 +217,41 @@ def run_logged(command, work, name, **kwargs):
         last = (result.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
         raise RuntimeError(f"fairseq-train failed ({result.returncode}): {last}; see {work / f'{name}.log'}")
     return log
+
+
+def prepare_multi30k(data, work, who):
+    """The quality study's data (joint sentencepiece 8k, Multi30k En-De, test_2016_flickr) from the
+    raw folder *data*, binarised once by the recipe into WORK/data/bin; that folder."""
+    folder = Path(work) / "data"
+    if not (folder / "bin" / "dict.de.txt").exists():
+        recipe = REPO / "examples" / "multi30k" / "run.sh"
+        cmd = ["bash", str(recipe), "--prepare-only", "--test-sets", "test_2016_flickr", str(data), str(folder)]
+        say(who, f"data: {shlex.join(cmd)}")
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return folder / "bin"
+
+
+def run_measured(commands, env, logs, who):
+    """*commands* started at once (side by side) with environment *env*, each writing its log in
+    *logs*; when all have ended, [(its output, its peak resident set in bytes)] (ru_maxrss of each);
+    SystemExit naming the log of one that failed."""
+    processes = []
+    for command, log_path in zip(commands, logs):
+        with open(log_path, "w") as log:
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    peaks = {}
+    while len(peaks) < len(processes):
+        pid, status, usage = os.wait4(-1, 0)
+        if any(process.pid == pid for process in processes):
+            peaks[pid] = (os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
+    results = []
+    for process, command, log_path in zip(processes, commands, logs):
+        returncode, peak = peaks[process.pid]
+        output = Path(log_path).read_text()
+        if returncode != 0:
+            raise SystemExit(f"{who}: error: {command[0]} failed; see {log_path}\n{output[-2000:]}")
+        results.append((output, peak))
+    return results
 
 
 def train_log(log, timed_from):

@@ -31,18 +31,18 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+import bench
 from bench import say
 
 from common import allocator, fairseq_log
 from common.host import host
 from common.presets import PRESETS
-from common.repo import MULTI30K, REPO, RUNS, USER_DIR, VARIANTS, VENV, work_folder
+from common.repo import MULTI30K, RUNS, USER_DIR, VARIANTS, VENV, work_folder
 from common.repo import header as result_header
 
 SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
@@ -97,16 +97,6 @@ def parse_args(argv=None):
     return args
 
 
-def prepare(args) -> Path:
-    data = args.out / "data"
-    if not (data / "bin" / "dict.de.txt").exists():
-        recipe = REPO / "examples" / "multi30k" / "run.sh"
-        cmd = ["bash", str(recipe), "--prepare-only", "--test-sets", "test_2016_flickr", args.data, str(data)]
-        print(f"[bf16-speed] data: {shlex.join(cmd)}", flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return data / "bin"
-
-
 def cpu_flags(precision):
     return ["--cpu", *(["--bf16"] if precision == "bf16" else [])]
 
@@ -114,14 +104,7 @@ def cpu_flags(precision):
 def run_measured(cmd, args, log_path):
     """Run *cmd* on --threads; return (its output, its peak resident set in bytes)."""
     env = allocator.environment(dict(os.environ, OMP_NUM_THREADS=str(args.threads)), cpu=True)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    output = Path(log_path).read_text()
-    if process.returncode != 0:
-        raise SystemExit(f"bf16_speed.py: error: {cmd[0]} failed; see {log_path}\n{output[-2000:]}")
-    return output, usage.ru_maxrss * 1024
+    return bench.run_measured([cmd], env, [log_path], "bf16_speed.py")[0]
 
 
 def train(args, data, model, precision, repeat):
@@ -232,7 +215,7 @@ def main(argv=None):
         import bf16_decode_speed
 
         return bf16_decode_speed.measure_all(args, argv)
-    data = prepare(args)
+    data = bench.prepare_multi30k(args.data, args.out, "bf16-speed")
     results = {model: measure(args, data, model) for model in args.models}
     print(report(results), flush=True)
     if args.json:

@@ -1,0 +1,158 @@
+"""glibc's allocator settings (common/allocator.py) against glibc's defaults, for a training on a CPU:
+fairseq-train's words/s and peak memory at the quality study's 18+18 size, fairseq's `transformer`
+and `pre-ln-realformer`, as the study trains them: one job of every core's threads, and one job a
+core side by side (each its own words/s). Each pair of runs trains the same updates from the same
+seed, so their logged losses must agree; the table says whether they do. Run it while nothing else
+trains (a study's runner stopped just after an epoch's checkpoint: it resumes).
+
+    python benchmarks/allocator_speed.py --json benchmarks/results/cpu-allocator-speed.json
+    python benchmarks/allocator_speed.py --quick      # a minute: 4+4 layers, 12 updates
+
+Words/s: fairseq's `wps` of every logged interval but the first (warm-up), their harmonic mean.
+Peak memory: the fairseq-train process's peak resident set (ru_maxrss), its model and data included.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
+import bench
+from bench import say
+
+from common import allocator, fairseq_log
+from common.host import host
+from common.presets import PRESETS
+from common.repo import MULTI30K, RUNS, USER_DIR, VARIANTS, VENV, work_folder
+
+WHO = "allocator-speed"
+CPU_MODEL = tuple(PRESETS["cpu"].model)  # the quality study's widths: d=128, FFN 256, 4 heads
+MODELS = {  # fairseq's own Transformer, and the Pre-LN study's variant on the plugin's model
+    "transformer": ("--arch", "transformer"),
+    "pre-ln-realformer": ("--arch", "realformer_iwslt_de_en", *VARIANTS["pre-ln-realformer"]),
+}
+TRAIN = (
+    "--user-dir",
+    str(USER_DIR),
+    *"--cpu --source-lang en --target-lang de --share-all-embeddings --dropout 0.3 --optimizer adam "
+    "--adam-betas (0.9,0.98) --lr 2e-3 --lr-scheduler inverse_sqrt --warmup-updates 400 "
+    "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --seed 1 --num-workers 0 "
+    "--log-format json --no-progress-bar --disable-validation --no-save".split(),
+)
+SETTINGS = {"glibc defaults": {}, "allocator.py": allocator.SETTINGS}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help="comma list of %(default)s")
+    p.add_argument("--layers", type=int, default=18, help="encoder and decoder layers (default: %(default)s)")
+    p.add_argument("--updates", type=int, default=30, help="training updates per run (default: %(default)s)")
+    p.add_argument("--log-interval", type=int, default=10, help="updates per wps line (default: %(default)s)")
+    p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
+    p.add_argument("--out", help="work folder (default: runs/allocator-speed; runs/ is REALFORMER_RUNS when set)")
+    p.add_argument("--quick", action="store_true", help="4+4 layers, 12 updates: proves it runs")
+    p.add_argument("--machine", default=host())
+    p.add_argument("--json", help="also write the numbers here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.updates, args.log_interval = 4, 12, 4
+    args.models = args.models.split(",")
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        p.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(MODELS)}")
+    if args.updates < 2 * args.log_interval:
+        p.error("--updates must be at least twice --log-interval (the first interval is warm-up)")
+    args.out = work_folder(args.out or RUNS / "allocator-speed")
+    return args
+
+
+def environment(settings, threads):
+    """This process's environment without any allocator setting, then *settings*, on *threads*."""
+    env = {k: v for k, v in os.environ.items() if k not in allocator.SETTINGS and k != allocator.OPT_OUT}
+    return {**env, **settings, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def measure(args, data, model, jobs, setting):
+    """*jobs* fairseq-train runs of *model* side by side, every core's threads shared among them,
+    with *setting*'s environment: each one's words/s, peak RSS and logged losses."""
+    threads = max(1, os.cpu_count() // jobs)
+    work = args.out / f"{model}-{jobs}x{threads}-{'tuned' if SETTINGS[setting] else 'default'}"
+    work.mkdir(parents=True, exist_ok=True)
+    layers = ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)]
+    cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], *CPU_MODEL, *layers]
+    cmd += ["--max-update", str(args.updates), "--log-interval", str(args.log_interval)]
+    logs = [work / f"train-{job}.log" for job in range(jobs)]
+    runs = []
+    for output, peak in bench.run_measured([cmd] * jobs, environment(SETTINGS[setting], threads), logs, WHO):
+        inner = [fields for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
+        wps = [entry["wps"] for entry in inner[1:]]  # the first interval is warm-up
+        losses = [entry["loss"] for entry in inner]
+        runs.append({"words_per_s": round(len(wps) / sum(1 / w for w in wps), 1), "peak_rss_mb": round(peak / 2**20)})
+        runs[-1]["losses"] = losses
+    say(WHO, f"{model}, {jobs} job(s) x {threads} thread(s), {setting}: " + ", ".join(describe(r) for r in runs))
+    return {"jobs": jobs, "threads": threads, "setting": setting, "runs": runs}
+
+
+def describe(run):
+    return f"{run['words_per_s']:.0f} words/s, peak {run['peak_rss_mb']} MB"
+
+
+def report(rows):
+    """The table: per model and layout, glibc's defaults beside the settings."""
+    lines = [
+        "| model | jobs × threads | words/s, glibc defaults | words/s, allocator.py | × | "
+        "peak RSS MB, defaults | allocator.py | same losses |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (model, jobs), pair in rows.items():
+        default, tuned = pair["glibc defaults"], pair["allocator.py"]
+        speed = [" + ".join(f"{r['words_per_s']:.0f}" for r in cell["runs"]) for cell in (default, tuned)]
+        total = [sum(r["words_per_s"] for r in cell["runs"]) for cell in (default, tuned)]
+        peaks = [max(r["peak_rss_mb"] for r in cell["runs"]) for cell in (default, tuned)]
+        same = all(a["losses"] == b["losses"] for a, b in zip(default["runs"], tuned["runs"]))
+        lines.append(
+            f"| {model} | {jobs} × {default['threads']} | {speed[0]} | {speed[1]} | {total[1] / total[0]:.2f} | "
+            f"{peaks[0]} | {peaks[1]} | {'yes' if same else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    data = bench.prepare_multi30k(args.data, args.out, WHO)
+    rows = {}
+    for model in args.models:
+        for jobs in (1, 2):
+            order = list(SETTINGS) if len(rows) % 2 == 0 else list(reversed(SETTINGS))  # alternate the order
+            rows[model, jobs] = {setting: measure(args, data, model, jobs, setting) for setting in order}
+    print(report(rows), flush=True)
+    if args.json:
+        ratios = [
+            sum(r["words_per_s"] for r in pair["allocator.py"]["runs"])
+            / sum(r["words_per_s"] for r in pair["glibc defaults"]["runs"])
+            for pair in rows.values()
+        ]
+        what = (
+            f"glibc's allocator settings (common/allocator.py) against glibc's defaults: fairseq-train words/s and "
+            f"peak RSS, {args.layers}+{args.layers} layers at the quality study's widths, Multi30k En-De, float32, CPU"
+        )
+        bench.write_json(
+            args,
+            __file__,
+            argv,
+            "cpu",
+            args.machine,
+            drop=("out", "data"),
+            what=what,
+            settings_compared=SETTINGS,
+            results=[{"model": model, **cell} for (model, _), pair in rows.items() for cell in pair.values()],
+            ratio_median=round(statistics.median(ratios), 2),
+        )
+        say(WHO, f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
