@@ -26,7 +26,7 @@ from bench import say
 from common import allocator, fairseq_log
 from common.host import host
 from common.presets import PRESETS
-from common.repo import MULTI30K, RUNS, USER_DIR, VARIANTS, VENV, work_folder
+from common.repo import MULTI30K, USER_DIR, VARIANTS, VENV
 
 WHO = "allocator-speed"
 CPU_MODEL = tuple(PRESETS["cpu"].model)  # the quality study's widths: d=128, FFN 256, 4 heads
@@ -59,13 +59,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.layers, args.updates, args.log_interval = 4, 12, 4
-    args.models = args.models.split(",")
-    unknown = set(args.models) - set(MODELS)
-    if unknown:
-        p.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(MODELS)}")
-    if args.updates < 2 * args.log_interval:
-        p.error("--updates must be at least twice --log-interval (the first interval is warm-up)")
-    args.out = work_folder(args.out or RUNS / "allocator-speed")
+    bench.check_training_args(p, args, MODELS, "allocator-speed")
     return args
 
 
@@ -87,11 +81,9 @@ def measure(args, data, model, jobs, setting):
     logs = [work / f"train-{job}.log" for job in range(jobs)]
     runs = []
     for output, peak in bench.run_measured([cmd] * jobs, environment(SETTINGS[setting], threads), logs, WHO):
-        inner = [fields for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
-        wps = [entry["wps"] for entry in inner[1:]]  # the first interval is warm-up
-        losses = [entry["loss"] for entry in inner]
-        runs.append({"words_per_s": round(len(wps) / sum(1 / w for w in wps), 1), "peak_rss_mb": round(peak / 2**20)})
-        runs[-1]["losses"] = losses
+        losses = [fields["loss"] for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
+        words_per_s = round(bench.timed_words_per_s(output), 1)
+        runs.append({"words_per_s": words_per_s, "peak_rss_mb": round(peak / 2**20), "losses": losses})
     say(WHO, f"{model}, {jobs} job(s) x {threads} thread(s), {setting}: " + ", ".join(describe(r) for r in runs))
     return {"jobs": jobs, "threads": threads, "setting": setting, "runs": runs}
 

@@ -27,8 +27,10 @@ import torch
 from common import fairseq_log
 from common.repo import (
     REPO,
+    RUNS,
     STOCK,
     USER_DIR,  # (variants read as a file: fairseq is not imported yet)
+    work_folder,
     write_result,
 )
 from common.repo import VARIANTS as PLUGIN_VARIANTS
@@ -229,6 +231,26 @@ def prepare_multi30k(data, work, who):
         say(who, f"data: {shlex.join(cmd)}")
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return folder / "bin"
+
+
+def check_training_args(p, args, models, name):
+    """A fairseq-train benchmark's --models (a comma list of *models*' keys), --updates and
+    --log-interval checked, one line each (parser *p*); --out made the work folder (runs/NAME)."""
+    args.models = args.models.split(",")
+    unknown = set(args.models) - set(models)
+    if unknown:
+        p.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(models)}")
+    if args.updates < 2 * args.log_interval:
+        p.error("--updates must be at least twice --log-interval (the first interval is warm-up)")
+    args.out = work_folder(args.out or RUNS / name)
+
+
+def timed_words_per_s(output):
+    """fairseq-train's words/s over every logged interval of *output* but the first (warm-up): their
+    words over their time (the harmonic mean of the intervals' wps)."""
+    inner = [fields for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
+    wps = [entry["wps"] for entry in inner[1:]]
+    return len(wps) / sum(1 / w for w in wps)
 
 
 def run_measured(commands, env, logs, who):

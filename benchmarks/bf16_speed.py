@@ -39,10 +39,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: co
 import bench
 from bench import say
 
-from common import allocator, fairseq_log
+from common import allocator
 from common.host import host
 from common.presets import PRESETS
-from common.repo import MULTI30K, RUNS, USER_DIR, VARIANTS, VENV, work_folder
+from common.repo import MULTI30K, USER_DIR, VARIANTS, VENV
 from common.repo import header as result_header
 
 SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
@@ -87,13 +87,7 @@ def parse_args(argv=None):
     if args.quick:
         args.models, args.updates, args.log_interval = "small-transformer,small-realformer", 12, 4
         args.repeats, args.gen_sentences = 1, 40
-    args.models = args.models.split(",")
-    unknown = set(args.models) - set(MODELS)
-    if unknown:
-        p.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(MODELS)}")
-    if args.updates < 2 * args.log_interval:
-        p.error("--updates must be at least twice --log-interval (the first interval is warm-up)")
-    args.out = work_folder(args.out or RUNS / "bf16-speed")
+    bench.check_training_args(p, args, MODELS, "bf16-speed")
     return args
 
 
@@ -113,12 +107,8 @@ def train(args, data, model, precision, repeat):
     cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], "--max-update", str(args.updates)]
     cmd += ["--log-interval", str(args.log_interval), "--save-dir", str(work / "ckpt"), *cpu_flags(precision)]
     output, peak = run_measured(cmd, args, work / "train.log")
-    inner = [fields for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
-    wps = [entry["wps"] for entry in inner[1:]]  # the first interval is warm-up
-    # tokens/s over the timed intervals: their tokens over their time (harmonic mean of wps)
-    tokens_per_s = len(wps) / sum(1 / w for w in wps)
     return {
-        "tokens_per_s": round(tokens_per_s, 1),
+        "tokens_per_s": round(bench.timed_words_per_s(output), 1),
         "peak_rss_mb": round(peak / 2**20, 1),
         "checkpoint": str(work / "ckpt" / "checkpoint_last.pt"),
         "command": shlex.join(cmd),

@@ -1,12 +1,15 @@
 """fairseq-train's log, read in one place for the benchmarks and the tests: its interval lines
 (``train_inner``), its end-of-epoch training (``train``) and validation (``valid``) lines, in either
 ``--log-format`` (simple or json), as a kind and a dict of numbers (``loss``, ``num_updates``,
-``wps``, ``epoch``, ...; json's ``train_``/``valid_`` prefixes dropped, NaN and inf kept)."""
+``wps``, ``epoch``, ...; json's ``train_``/``valid_`` prefixes dropped, NaN and inf kept), and when
+a line was logged."""
 
+import datetime
 import json
 import math
 import re
 
+_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")  # fairseq's log lines start with it
 _STATS = re.compile(r"\| (train_inner|train|valid) \| (.*)$")
 _EPOCH = re.compile(r"^epoch (\d+)(?::| \|)")  # simple: "epoch 002:  50 / 132 loss=..." or "epoch 002 | loss ..."
 _INNER_FIELD = re.compile(r"(\w+)=([^,\s]+)")  # simple train_inner: loss=12.465, nll_loss=12.333, ...
@@ -59,3 +62,9 @@ def records(lines, *kinds):
         parsed = parse(line)
         if parsed is not None and (not kinds or parsed[0] in kinds):
             yield parsed
+
+
+def timestamp(line):
+    """When fairseq logged *line* (the local time its lines start with), or None for another line."""
+    match = _TIMESTAMP.match(line)
+    return datetime.datetime.fromisoformat(match.group(1)) if match else None

@@ -8,6 +8,7 @@ is what they found.
     runs.py          one run folder: what the recipe and the runner leave there, and what it measured
     recipe.py        the Multi30k recipe's commands: the data, a run's fairseq-train flags
     supervise.py     training a study's runs N at a time: locks, niceness, the divergence watch
+    status.py        each run's state while a study trains (quality.py --status), and the runner's epoch lines
     divergence.py    when a training has diverged (the one definition)
     scoring.py       comparisons: paired bootstrap, permutation test, means over seeds
     tables.py        the Markdown tables

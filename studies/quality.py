@@ -15,6 +15,7 @@ More:
     python studies/quality.py --preset published --variants fairseq,post-ln-realformer ...
         # the literature's recipe (Wu et al. 2021, 41.02 BLEU), scored as it scores
     python studies/quality.py --preset cpu --report-only --json FILE    # train nothing: report
+    python studies/quality.py ... --status    # the study's flags: each run's state, while it trains
 
 Presets (every variant alike; --lr, --warmup, --epochs, --layers override them):
   cpu        4+4 layers, d=128, FFN 256, 4 heads, dropout 0.3, label smoothing 0.1; Adam peak lr
@@ -53,12 +54,12 @@ from common import multi30k_args
 from common.host import host
 from common.presets import PRESETS
 from common.repo import RUNS, STOCK, work_folder
-from studies import figures, recipe, scoring, supervise, tables
+from studies import figures, recipe, scoring, status, supervise, tables
 from studies.study import Study, StudyRecord
 
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 # what the command asks of a study besides its settings: train nothing, and where to draw
-Outputs = namedtuple("Outputs", "report_only figures beside")
+Outputs = namedtuple("Outputs", "report_only figures beside status")
 
 
 def build_parser():
@@ -127,6 +128,12 @@ def build_parser():
     )
     p.add_argument("--report-only", action="store_true", help="train nothing: report the runs already finished")
     p.add_argument(
+        "--status",
+        action="store_true",
+        help="train and write nothing: every run of the study's plan with its state (finished, training, waiting, "
+        "diverged), a training's epoch, speed and end, and the run trained next (studies/status.py)",
+    )
+    p.add_argument(
         "--dropout-gap",
         action="store_true",
         help="score every finished run's kept checkpoints with dropout off and on (studies/dropout_gap.py)",
@@ -159,6 +166,8 @@ def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
     multi30k_args.check(p, args, also=STOCK)
+    if args.status and args.report_only:
+        p.error("--status: not with --report-only (--status shows the runs' states and reports nothing)")
     seeds = comma_ints(p, "seeds", args.seeds, "1,2,3")
     if not seeds:
         p.error("--seeds: give at least one seed")
@@ -211,7 +220,7 @@ def parse_args(argv=None):
         dropout_gap=args.dropout_gap,
         **{name: getattr(args, name) for name in as_given},
     )
-    return study, Outputs(args.report_only, args.figures, args.beside)
+    return study, Outputs(args.report_only, args.figures, args.beside, args.status)
 
 
 def main(argv=None):
@@ -219,6 +228,9 @@ def main(argv=None):
     # the flags, for the JSON's command: the one that trains the study (--report-only only reports it)
     given = [flag for flag in (sys.argv[1:] if argv is None else argv) if flag != "--report-only"]
     previous = study.previous()
+    if outputs.status:  # reads the run folders and the --json, writes nothing
+        print(status.table(study, previous))
+        return
     study = dataclasses.replace(study, machine=study.machines(previous))
     if outputs.report_only:
         if not (study.out / "data" / "bin").exists() and not study.record(previous).runs:

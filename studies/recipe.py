@@ -3,6 +3,7 @@ each run's command with the fairseq-train flags every variant shares."""
 
 import fcntl
 import subprocess
+from pathlib import Path
 
 from common.repo import REPO, STOCK, USER_DIR, VARIANTS, VENV
 
@@ -47,6 +48,13 @@ def prepare_data(study):
     return data_dir
 
 
+def counted_updates_per_epoch(data_dir):
+    """The updates per epoch that updates_per_epoch() counted on *data_dir*; None if it has not
+    (nothing is counted or written here)."""
+    cache = Path(data_dir) / "updates_per_epoch"
+    return int(cache.read_text()) if cache.exists() else None
+
+
 def updates_per_epoch(study, data_dir):
     """How many updates one epoch makes (the linear decay ends with the last epoch); cached."""
     cache = data_dir / "updates_per_epoch"
@@ -60,7 +68,7 @@ def updates_per_epoch(study, data_dir):
                 f"quality.py: error: counting the updates per epoch failed: {result.stderr.strip().splitlines()[-1:]}"
             )
         cache.write_text(result.stdout.strip().splitlines()[-1] + "\n")
-    return int(cache.read_text())
+    return counted_updates_per_epoch(data_dir)
 
 
 def training_flags(study, data_dir, lr):

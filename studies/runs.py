@@ -28,17 +28,19 @@ import gzip
 import json
 import os
 import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import fairseq_log
 from studies.divergence import divergence
 
-_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|")  # fairseq's log lines start with it
 _TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation
 _STOPPED = {  # fairseq-train's own words for why it stopped, in its log
     "patience": "early stop since valid performance hasn't improved",
     "max-update": "Stopping training due to num_updates",
 }
+LOCK_TRIES = 5  # RunFolder.lock's tries, 0.1 s apart
 _EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
 _SCORES = {}  # (scores.json, its mtime and size, subset, language): RunFolder.scores, read once per process
 
@@ -73,15 +75,43 @@ class RunFolder:
 
     def lock(self):
         """The folder's lock, held until the file is closed (or this process ends); None while
-        another process holds it."""
+        another process holds it. Tried a few times: a study's --status probes the lock for an
+        instant (``trainer``), and a probe is not a trainer."""
         self.path.mkdir(parents=True, exist_ok=True)
         handle = open(self.lock_file, "w")
+        for attempt in range(LOCK_TRIES):
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return handle
+            except BlockingIOError:
+                time.sleep(0.1 * (attempt < LOCK_TRIES - 1))
+        handle.close()
+        return None
+
+    def trainer(self):
+        """What the process that holds the folder's lock does, read without writing (the lock file
+        opened read-only, a shared lock tried and let go at once): "training" while the attempt it
+        started is under way (machines.jsonl names one started since it took the lock, and
+        attempts.jsonl has not recorded its end); "waiting for a slot" before it has started one
+        (supervise.Runner.take_slot); None when no process holds the lock, or its attempt ended."""
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
+            handle = open(self.lock_file, "rb")
+        except FileNotFoundError:
             return None
-        return handle
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return None  # no holder: closing the file lets the shared lock go
+            except BlockingIOError:
+                pass
+        # the lock's time: RunFolder.lock opens the file for writing, which sets it; to the second,
+        # as machines.jsonl records a start
+        locked = datetime.datetime.fromtimestamp(int(self.lock_file.stat().st_mtime))
+        started = [datetime.datetime.fromisoformat(m["started"]) for m in self.jsonl("machines.jsonl")]
+        if not started or started[-1] < locked:
+            return "waiting for a slot"
+        ended = {datetime.datetime.fromisoformat(a["started"]) for a in self.jsonl("attempts.jsonl") if "started" in a}
+        return None if started[-1] in ended else "training"
 
     def link_data(self, data_dir):
         """bin -> the study's binarised data: the same data for every run."""
@@ -131,6 +161,17 @@ class RunFolder:
             self.finished_test_sets() is not None and (self / "score" / "val" / "scores.json").exists()
         )
 
+    def resumes_at(self):
+        """The epoch a stopped run resumes at (one after its last epoch checkpoint); None for a run
+        with nothing to resume from."""
+        epochs = self._epoch_checkpoints()
+        return max(epochs) + 1 if epochs else None
+
+    def progress(self):
+        """How far its training has got (Progress), its train.log read once."""
+        log = self / "train.log"
+        return Progress.of(read_lines(log) if log.exists() else [])
+
     def divergence(self):
         """divergence.divergence() of its train.log, a NaN's update named by checkpoints/crash.pt."""
         log = self / "train.log"
@@ -139,10 +180,14 @@ class RunFolder:
     def checkpoints(self, average_only=False):
         """The kept checkpoints: the epoch ones (checkpoints/checkpointN.pt) in epoch order, then the
         average the translations came from (checkpoint_avg.pt) if made; *average_only*: that one."""
-        folder = self / "checkpoints"
-        epochs = {int(m.group(1)): f for f in folder.glob("checkpoint*.pt") if (m := _EPOCH_CHECKPOINT.search(f.name))}
-        average = [f for f in [folder / "checkpoint_avg.pt"] if f.exists()]
+        epochs = self._epoch_checkpoints()
+        average = [f for f in [self / "checkpoints" / "checkpoint_avg.pt"] if f.exists()]
         return average if average_only else [epochs[e] for e in sorted(epochs)] + average
+
+    def _epoch_checkpoints(self):
+        """{epoch: checkpoints/checkpointN.pt} of the kept epoch checkpoints."""
+        found = (self / "checkpoints").glob("checkpoint*.pt")
+        return {int(m.group(1)): f for f in found if (m := _EPOCH_CHECKPOINT.search(f.name))}
 
     @staticmethod
     def checkpoint_name(checkpoint):
@@ -239,6 +284,18 @@ class RunFolder:
             "reference": scored["reference"],
         }
 
+    def outcome(self):
+        """What a study's plan decides by (Study.plan), as record() has it but nothing scored again:
+        where the run diverged, or its validation sacreBLEU as scripts/score.py wrote it; None
+        while it has neither finished nor diverged."""
+        names, where = self.finished_test_sets(), self.diverged()
+        if where is not None:
+            return {"diverged": where, "test_sets": {}}
+        if names is None:
+            return None
+        val = self / "score" / "val" / "scores.json"
+        return {"test_sets": {}, **({"val": json.loads(val.read_text())} if val.exists() else {})}
+
     def record(self, target_lang):
         """The run as a study's JSON holds it (without its variant, rate, label and seed): its
         summary, dropout gap, and its scores on each test set and the validation set, or where it
@@ -257,6 +314,34 @@ class RunFolder:
         if (self / "score" / "val" / "scores.json").exists():
             run["val"] = self.scores("val", "valid", target_lang)
         return run
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a training has got, from its log: what a study's status shows of a run in training."""
+
+    epochs: int = 0  # the last epoch logged as ended
+    updates: int = 0  # the last update logged (an interval's or an epoch's)
+    epoch_updates: int = 0  # the updates when the last epoch ended
+    tokens_per_s: float = None  # fairseq's wps over the last epoch
+    tokens_per_update: float = None  # fairseq's wpb over it
+    valid_loss: float = None  # the last validation loss
+    ended: datetime.datetime = None  # when the last epoch was logged
+
+    @classmethod
+    def of(cls, lines):
+        """The progress fairseq-train's log *lines* show (a resumed run's last lines win)."""
+        found = {"updates": 0}
+        for line in lines:
+            kind, fields = fairseq_log.parse(line) or (None, None)
+            if kind in ("train_inner", "train"):
+                found["updates"] = int(fields.get("num_updates", found["updates"]))
+            if kind == "valid":
+                found["valid_loss"] = fields.get("loss")
+            elif kind == "train":
+                found.update(epochs=fields["epoch"], epoch_updates=found["updates"], ended=fairseq_log.timestamp(line))
+                found.update(tokens_per_s=fields.get("wps"), tokens_per_update=fields.get("wpb"))
+        return cls(**found)
 
 
 def training_log(path):
@@ -286,10 +371,9 @@ def unrecorded_spans(train_log, attempts):
     missed)."""
     invocations = []  # [first, last] timestamp of each fairseq-train in the log
     for line in read_lines(train_log) if Path(train_log).exists() else []:
-        match = _TIMESTAMP.match(line)
-        if not match or not (invocations or _TRAIN_START in line):
+        stamp = fairseq_log.timestamp(line)
+        if stamp is None or not (invocations or _TRAIN_START in line):
             continue
-        stamp = datetime.datetime.fromisoformat(match.group(1))
         if _TRAIN_START in line:
             invocations.append([stamp, stamp])
         invocations[-1][1] = stamp

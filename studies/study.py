@@ -151,14 +151,17 @@ class Study:
         """The config that trains *variant* at *lr* (a sweep's rate, or one beyond its edges)."""
         return next(c for c in self.all_configs if (c.variant, c.lr) == (variant, lr))
 
-    def record(self, previous=None):
+    def record(self, previous=None, scored=True):
         """The study's record: every finished run, from its folder, else from *previous* (the
         StudyRecord it goes on from: a fresh checkout has no run folders), under this study's label
-        for its variant and rate (a sweep takes a single-rate study's runs as its own at that rate)."""
+        for its variant and rate (a sweep takes a single-rate study's runs as its own at that rate).
+        *scored* False: of a run folder only what the plan decides by (RunFolder.outcome: no
+        translation scored again), for a status that answers at once."""
         runs = []
         for seed in self.seeds + self.best_seeds:
             for config in self.all_configs:
-                found = RunFolder(self.run_folder(config, seed)).record(self.target_lang)
+                folder = RunFolder(self.run_folder(config, seed))
+                found = folder.record(self.target_lang) if scored else folder.outcome()
                 if found is not None:
                     runs.append(
                         {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed, **found}
@@ -168,6 +171,26 @@ class Study:
         labels = self.labels
         runs.sort(key=lambda r: (labels.index(r["label"]), r["seed"]))
         return StudyRecord({"settings": self.settings(), "runs": runs})
+
+    def plan(self, record):
+        """The (config, seed) pairs the study trains, in the order supervise.run_all queues them, as
+        far as its *record* (Study.record) decides: every config's seed 1 first, then its other
+        --seeds; with --widen, the rate beyond the edge a variant's best is at, with --seeds; then
+        --best-seeds at each variant's best rate, seed 2 of every variant before seed 3. Runs
+        that are recorded are in it too."""
+        runs = [(config, seed) for seed in self.seeds for config in self.configs]
+        runs += [(self.config(variant, lr), seed) for variant, lr in record.widening() for seed in self.seeds]
+        for seed in self.best_seeds:
+            runs += [(self.config(v, lr), seed) for v, lr in record.best.items() if seed in record.further_seeds(v)]
+        return list(dict.fromkeys(runs))
+
+    def decided(self, record):
+        """Whether *record* has chosen every rate the plan waits for (before that, plan() holds only
+        the runs known so far): with --widen every variant's best, with --best-seeds each of
+        --best-variants' (with --widen, a best at an edge is chosen once the rate beyond it is in)."""
+        if not self.sweep or not (self.widen or self.best_seeds):
+            return True
+        return all(v in record.best for v in (self.variants if self.widen else self.best_variants or self.variants))
 
     def machines(self, previous):
         """The machine the JSON names: --machine, after the one of *previous* (the JSON this study

@@ -1,8 +1,9 @@
 """Training a study's runs: N at a time, seed 1 of every config first, each run in its own session
-under this process's niceness and its folder's lock, watched for divergence and stopped there,
-then (--dropout-gap) its checkpoints scored with dropout off and on (dropout_gap.py); all of them
-stopped on SIGINT or SIGTERM (run the same command again to resume). Studies started side by side
-into one --out share its N: a core one leaves is the other's at once."""
+under this process's niceness and its folder's lock, watched for divergence and stopped there
+(each epoch it ends said in one line, in the words of quality.py --status), then (--dropout-gap)
+its checkpoints scored with dropout off and on (dropout_gap.py); all of them stopped on SIGINT or
+SIGTERM (run the same command again to resume). Studies started side by side into one --out
+share its N: a core one leaves is the other's at once."""
 
 import datetime
 import fcntl
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from common.host import cpu_model
 from common.repo import VENV
-from studies import recipe
+from studies import recipe, status
 from studies.runs import RunFolder
 
 WATCH_S = 10  # how often a training's log is read for a divergence
@@ -58,18 +59,10 @@ def run_all(study, data_dir, previous=None, on_finished=None):
                 queued.add((config.label, seed))
                 pending.add(pool.submit(runner.run, config, seed))
 
-        for seed in study.seeds:
-            for config in study.configs:
-                submit(config, seed)
         record = study.record(previous)
         while True:
-            for variant, lr in record.widening():  # a variant's best at an edge: the rate beyond it
-                for seed in study.seeds:
-                    submit(study.config(variant, lr), seed)
-            for seed in study.best_seeds:  # seed 2 of every variant before seed 3: partial results stay balanced
-                for variant, lr in record.best.items():
-                    if seed in record.further_seeds(variant):
-                        submit(study.config(variant, lr), seed)
+            for config, seed in study.plan(record):  # what the record decides now, once each
+                submit(config, seed)
             if not pending:
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -101,7 +94,7 @@ class Runner:
 
     def train(self, folder, config, seed):
         """Train (or resume) one run; None when it finished or diverged, else what went wrong."""
-        name = f"{config.label} seed {seed}"
+        name = status.run_name(config, seed)
         lock = folder.lock()  # held until this process ends: one trainer per run folder
         if lock is None:
             return f"{folder.path} is being trained by another process (it holds {folder.lock_file})"
@@ -125,7 +118,7 @@ class Runner:
                 process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 keep_niceness(process.pid)
                 self.running.add(process)
-            returncode, where = self.wait_watching(process, folder)
+            returncode, where = self.wait_watching(process, folder, name)
             with self.lock:
                 self.running.discard(process)
         folder.record_attempt(started, time.time() - start, returncode)
@@ -159,9 +152,13 @@ class Runner:
             time.sleep(SLOT_WAIT_S)
         return None
 
-    def wait_watching(self, process, folder):
+    def wait_watching(self, process, folder, name):
         """Wait for the recipe, reading its training log every WATCH_S seconds: a run that diverges
-        is stopped at once (its process group). Returns the exit status and where it diverged."""
+        is stopped at once (its process group), and each epoch it ends is said in one line, in the
+        words of its row in the study's status (status.training_words). Returns the exit status and
+        where it diverged."""
+        said = folder.progress().epochs  # a resumed run's epochs so far were said by the attempts before
+        per_epoch = recipe.counted_updates_per_epoch(self.data_dir)
         while True:
             try:
                 returncode = process.wait(timeout=WATCH_S)
@@ -169,6 +166,10 @@ class Runner:
             except subprocess.TimeoutExpired:
                 if folder.divergence() is not None and not self.stopping:
                     os.killpg(process.pid, signal.SIGTERM)
+                progress = folder.progress()
+                if progress.epochs > said:
+                    said = progress.epochs
+                    say(f"{name}: {status.training_words(progress, self.study.epochs, per_epoch)}")
         return returncode, None if self.stopping else folder.divergence()
 
     def stop(self, signum, _frame):
