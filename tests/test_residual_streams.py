@@ -30,6 +30,7 @@ from .helpers import (
     build_model,
     differs_beyond_rounding,
     layerdrop_draw,
+    parse_args,
     paths_of,
     perturb_,
     random_batch,
@@ -424,6 +425,21 @@ def test_fairseq_train_trains_and_the_checkpoints_average(trained):
     name = "decoder.layers.1.encoder_attn_hyper_connection.static_alpha"
     assert states[0][name].shape == (4, 5) and not torch.equal(states[0][name], states[1][name])
     torch.testing.assert_close(averaged[name], (states[0][name] + states[1][name]) / 2)
+
+
+def test_checkpoints_of_other_stream_settings_are_not_averaged():
+    """Two mHC models with the same parameters but another number of Sinkhorn-Knopp iterations
+    compute different things: averaging them is refused, naming the setting."""
+    average = load_script("average_checkpoints")
+    flags = ["--backbone", "pre-ln", *streams_flags(4, "mhc")]
+    states = [
+        {"cfg": {"model": parse_args("realformer", *flags, "--residual-streams-sinkhorn-iterations", t)}}
+        for t in ("20", "5")
+    ]
+    params = {"w": torch.zeros(1)}
+    settings = [average.model_settings(state) for state in states]
+    with pytest.raises(average.UserError, match="residual_streams_sinkhorn_iterations is '20' in the first, '5'"):
+        average.check_same_model("b.pt", params, settings[1], "a.pt", params, settings[0])
 
 
 def test_interactive_and_the_hub_translate_with_the_averaged_checkpoint(trained):
