@@ -34,7 +34,7 @@ its manifolds:
 Sinkhorn–Knopp alternately divides A_r's columns and its rows by their sums, 20 times (the mHC
 paper's t_max; ``--residual-streams-sinkhorn-iterations``), so that A_r is (nearly) doubly
 stochastic; the rows last, so that each stream hands on exactly all of itself and the mix keeps
-the sum of the streams. Its initialisation: Ã = [e_k | I] as HC's, and B̃ = 0, so that B = 1: the
+the sum of the streams (computed in the log domain: ``sinkhorn``). Its initialisation: Ã = [e_k | I] as HC's, and B̃ = 0, so that B = 1: the
 reads (0.73 for stream k, 0.5 for the others) are positive, a Pre-LN sublayer's LayerNorm takes
 away their scale, and a doubly stochastic mix of equal streams leaves them equal: mHC too starts
 as Pre-LN (up to LayerNorm's ε). hyper-connections 0.4.11 starts B̃ at 1 (B = 1.46), which does
@@ -42,7 +42,7 @@ not (docs/residual-paths.md).
 
 Each connection computes in its streams' dtype with any autocast switched off (the stream mix is
 a matrix product, which ``--bf16``'s autocast would round to bfloat16: the streams stay float32,
-as Pre-LN's residual stream does), its maps in float32. Everything is position-wise: incremental
+as Pre-LN's residual stream does); mHC's maps in float32. Everything is position-wise: incremental
 decoding needs no cache of its own.
 """
 
