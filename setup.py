@@ -28,7 +28,15 @@ setup(
     ],
     extras_require={
         "fairseq": ["ve-fairseq==0.12.3", "torchaudio==2.11.0"],
-        "test": ["pytest>=7", "pytest-xdist>=3.6", "ruff==0.17.6", "scipy"],
+        # the reference implementations tests/test_hyper_connections_vs_references.py compares with
+        "test": [
+            "pytest>=7",
+            "pytest-xdist>=3.6",
+            "ruff==0.17.6",
+            "scipy",
+            "hyper-connections==0.4.11",
+            "x-transformers==2.12.2",
+        ],
     },
     entry_points={
         "console_scripts": [

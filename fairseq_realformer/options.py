@@ -17,11 +17,14 @@ from typing import FrozenSet, Optional
 from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
 from .modules.backbones import BACKBONES
+from .modules.hyper_connections import MIXES as STREAM_MIXES
+from .modules.hyper_connections import SINKHORN_ITERATIONS
 from .modules.sublayers import PATHS  # the names --residual-attention-paths takes: encoder, decoder, cross
 
 MODES = ("sum", "mean")
 VALUE_MIXES = ("half", "learned")
 ADMIN_INITS = ("closed-form", "profile")
+STREAM_WEIGHTS = ("dynamic", "static")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,36 @@ FLAGS = (
         model_defining=False,
         help="initialise ADMIN's omega from a Transformer-Clinic profile.ratio.init before the "
         "first update (stored in the checkpoints; the file is not needed later)",
+    ),
+    Flag(
+        "--residual-streams",
+        "1",
+        metavar="N",
+        help="Hyper-Connections (Zhu et al. 2025) on --backbone pre-ln: N residual streams through each stack, "
+        "every sublayer reading a learned mix of them and writing its output into each; 1: the backbone's "
+        "own single residual stream (docs/residual-paths.md)",
+    ),
+    Flag(
+        "--residual-streams-mix",
+        "hc",
+        choices=STREAM_MIXES,
+        help="hc: the streams' read, mix and write weights as the Hyper-Connections paper has them; mhc: "
+        "reads sigmoid, writes 2*sigmoid and the stream mix made doubly stochastic by Sinkhorn-Knopp (mHC, "
+        "Xie et al. 2025)",
+    ),
+    Flag(
+        "--residual-streams-weights",
+        "dynamic",
+        choices=STREAM_WEIGHTS,
+        help="dynamic: the connection weights also depend on the streams, per token (the paper's DHC, its "
+        "best); static: learned parameters only (SHC)",
+    ),
+    Flag(
+        "--residual-streams-sinkhorn-iterations",
+        str(SINKHORN_ITERATIONS),
+        metavar="T",
+        help=f"--residual-streams-mix mhc: Sinkhorn-Knopp iterations (column then row normalisations) per "
+        f"stream mix ({SINKHORN_ITERATIONS}: the mHC paper's)",
     ),
     Flag(
         "--compile-layers",
@@ -227,6 +260,10 @@ class RealformerOptions:
     value_mix: str = "half"
     compile_layers: bool = False  # training steps through compiled layers (modules/compiled.py)
     fast_update: bool = True  # fairseq-train's update as multi-tensor ops (fast_update.py)
+    residual_streams: int = 1  # n of Hyper-Connections; 1: none (modules/hyper_connections.py)
+    residual_streams_mix: str = "hc"
+    residual_streams_dynamic: bool = True  # DHC, else SHC
+    sinkhorn_iterations: int = SINKHORN_ITERATIONS  # mHC's
 
     @property
     def normalize_before(self) -> bool:
@@ -269,6 +306,12 @@ class RealformerOptions:
             value_mix=args.value_residual_mix,
             compile_layers=bool(args.compile_layers),
             fast_update=not args.fairseq_update,
+            residual_streams=_whole_number(args.residual_streams, "--residual-streams"),
+            residual_streams_mix=args.residual_streams_mix,
+            residual_streams_dynamic=args.residual_streams_weights == "dynamic",
+            sinkhorn_iterations=_whole_number(
+                args.residual_streams_sinkhorn_iterations, "--residual-streams-sinkhorn-iterations"
+            ),
         )
         options._check_against(args)
         return options
@@ -300,3 +343,40 @@ class RealformerOptions:
                 raise RealformerConfigError(f"{flag} includes cross, but --no-cross-attention removes it")
         if getattr(args, "base_layers", 0):
             raise RealformerConfigError("--base-layers is not supported by the realformer model")
+        self._check_residual_streams()
+
+    def _check_residual_streams(self) -> None:
+        n = self.residual_streams
+        if n > 1 and self.backbone != "pre-ln":
+            raise RealformerConfigError(
+                f"--residual-streams {n} needs --backbone pre-ln, not --backbone {self.backbone}: "
+                f"Hyper-Connections are defined on Pre-LN"
+            )
+        chosen = [
+            ("--residual-streams-mix", self.residual_streams_mix, "hc"),
+            ("--residual-streams-weights", "dynamic" if self.residual_streams_dynamic else "static", "dynamic"),
+            ("--residual-streams-sinkhorn-iterations", self.sinkhorn_iterations, SINKHORN_ITERATIONS),
+        ]
+        for flag, value, default in chosen:
+            if n == 1 and value != default:
+                raise RealformerConfigError(
+                    f"{flag} {value} needs --residual-streams N >= 2: one stream is the backbone's own residual"
+                )
+        if self.residual_streams_mix == "hc" and self.sinkhorn_iterations != SINKHORN_ITERATIONS:
+            raise RealformerConfigError(
+                f"--residual-streams-sinkhorn-iterations {self.sinkhorn_iterations} needs "
+                f"--residual-streams-mix mhc: hc's stream mix is not projected"
+            )
+
+    @property
+    def hyper_connections(self) -> bool:
+        """The stacks carry n > 1 residual streams (Hyper-Connections or mHC)."""
+        return self.residual_streams > 1
+
+
+def _whole_number(value, flag: str) -> int:
+    """*flag*'s value as a whole number >= 1 (a string on a command line, a number in a config)."""
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise RealformerConfigError(f"{flag} {value}: give a whole number >= 1")
+    return int(text)

@@ -144,6 +144,19 @@ def random_batch(dictionary, lengths: Sequence[int], tgt_lengths: Sequence[int],
     return src, torch.tensor(list(lengths)), prev
 
 
+def layerdrop_draw(layers: int, p: float, wanted, seeds=range(50)):
+    """The first seed whose LayerDrop draws (fairseq's LayerDropModuleList: one uniform per layer
+    and pass, the encoder's, then the decoder's) keep layers for which *wanted(kept_encoder,
+    kept_decoder)* holds: (seed, kept encoder layers, kept decoder layers)."""
+    for seed in seeds:
+        torch.manual_seed(seed)
+        kept_enc = [i for i, u in enumerate(torch.empty(layers).uniform_()) if u > p]
+        kept_dec = [i for i, u in enumerate(torch.empty(layers).uniform_()) if u > p]
+        if wanted(kept_enc, kept_dec):
+            return seed, kept_enc, kept_dec
+    raise AssertionError(f"no seed of {seeds} draws the layers wanted")
+
+
 def write_clinic_profile(path, encoder_omegas: Sequence[float], decoder_omegas: Sequence[float]) -> None:
     """ω in Transformer-Clinic's ``profile.ratio.init`` format (lines ``index ratio``, encoder
     sublayers from 1, then decoder sublayers from 1), as its profiling run writes them."""

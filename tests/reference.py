@@ -11,6 +11,12 @@ index. Only the token/position embedding modules (fairseq's, not ours) are calle
     rezero: x + α·f(x) (α the sublayer's trainable scalar)   t-fixup: x + f(x)
     resi-dual: x ← LN(x + f(x)) and d ← d + f(x), d₀ the embedded input; stack output x + LN(d)
 
+Residual streams (Hyper-Connections, pre-ln): H (B, T, n, C) starts as n copies of the embedded
+input; each sublayer reads h₀ = Σ_s A_m[s]·H_s and sets H_t ← Σ_s A_r[s, t]·H_s + B_t·f(LN(h₀)),
+with [A_m | A_r] = static + s_α·tanh(LN(H_s)·W_α) per stream s (dynamic; static: the parameter
+alone) and B likewise; mhc: no tanh, A_m = σ(·), A_r = exp(·) with columns then rows divided by
+their sums t times, B = 2σ(·). The stack outputs LN(Σ_s H_s).
+
 Value residual on a path: layer n ≥ 2 reads V' = λ·V_n + (1 − λ)·V_1, V_1 the first layer's values
 (of the layers run), λ = ½ (half) or sigmoid(x·w + b) per token and head (learned), x the
 sublayer's query input. Self-attention: token s's λ mixes token s's values; cross-attention: query
@@ -45,6 +51,50 @@ class Dual:
 
     def __init__(self, embedded):
         self.d = embedded
+
+
+class Streams:
+    """The residual streams of one stack (Hyper-Connections): ``n`` of them, ``mix`` "hc" or "mhc",
+    ``iterations`` of Sinkhorn-Knopp for mhc."""
+
+    def __init__(self, n, mix, iterations):
+        self.n, self.mix, self.iterations = n, mix, iterations
+
+    def widen(self, x):
+        return torch.stack([x] * self.n, dim=2)  # (B, T, n, C)
+
+    def weights(self, H, params, name):
+        """[A_m | A_r] (..., n, 1 + n) and B (..., n) of the sublayer *name*."""
+        alpha, beta = params[f"{name}.static_alpha"], params[f"{name}.static_beta"]
+        if f"{name}.dynamic_alpha_fn" in params:
+            normed = _layer_norm(H, params, f"{name}.norm")
+            dynamic_alpha = torch.einsum("btsc,ce->btse", normed, params[f"{name}.dynamic_alpha_fn"])
+            dynamic_beta = torch.einsum("btsc,c->bts", normed, params[f"{name}.dynamic_beta_fn"])
+            scale = params[f"{name}.dynamic_alpha_scale"]
+            if self.mix == "hc":
+                dynamic_alpha, dynamic_beta = torch.tanh(dynamic_alpha), torch.tanh(dynamic_beta)
+            else:  # α^pre for the reads, α^res for every column of the mix
+                scale = torch.cat([scale[0:1]] + [scale[1:2]] * self.n)
+            alpha = alpha + scale * dynamic_alpha
+            beta = beta + params[f"{name}.dynamic_beta_scale"] * dynamic_beta
+        if self.mix == "mhc":
+            mix = torch.exp(alpha[..., 1:])
+            for _ in range(self.iterations):
+                mix = mix / mix.sum(dim=-2, keepdim=True)
+                mix = mix / mix.sum(dim=-1, keepdim=True)
+            alpha = torch.cat([torch.sigmoid(alpha[..., :1]), mix], dim=-1)
+            beta = 2 * torch.sigmoid(beta)
+        return alpha, beta
+
+    def sublayer(self, H, f, params, ln_name, name):
+        alpha, beta = self.weights(H, params, name)
+        alpha = alpha.expand(*H.shape[:3], self.n + 1)
+        read = torch.einsum("bts,btsc->btc", alpha[..., 0], H)
+        mixed = torch.einsum("btsu,btsc->btuc", alpha[..., 1:], H)
+        return mixed + beta.unsqueeze(-1) * f(_layer_norm(read, params, ln_name)).unsqueeze(2)
+
+    def collapse(self, H):
+        return H.sum(dim=2)
 
 
 def value_mix(x, params, name, heads, mix):
@@ -100,12 +150,15 @@ class Profile:
         return omega
 
 
-def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, profile=None, dual=None):
+def residual_sublayer(x, f, params, ln_name, omega_name, backbone, alpha=None, profile=None, stack=None):
+    """One residual sublayer f on *backbone*; *stack*: ResiDual's ``Dual`` or the residual ``Streams``."""
+    if isinstance(stack, Streams):
+        return stack.sublayer(x, f, params, ln_name, omega_name.replace("_omega", "_hyper_connection"))
     if backbone == "pre-ln":
         return x + f(_layer_norm(x, params, ln_name))
     branch = f(x)
-    if dual is not None:
-        dual.d = dual.d + branch
+    if stack is not None:
+        stack.d = stack.d + branch
     if backbone == "rezero":
         return x + params[omega_name.replace("_omega", "_resweight")] * branch
     if backbone == "t-fixup":
@@ -122,6 +175,13 @@ def feed_forward(x, params, name):
     return _linear(torch.relu(_linear(x, params, f"{name}.fc1")), params, f"{name}.fc2")
 
 
+def start_stack(embedded, backbone, streams, stream_mix, sinkhorn_iterations):
+    """What a stack carries beside its layers' x: ResiDual's dual stream, or the residual streams."""
+    if backbone == "resi-dual":
+        return Dual(embedded)
+    return Streams(streams, stream_mix, sinkhorn_iterations) if streams > 1 else None
+
+
 def reference_forward(
     model,
     src_tokens,
@@ -136,6 +196,9 @@ def reference_forward(
     profile: bool = False,
     value_paths=(),
     value_mix: str = "half",
+    streams: int = 1,
+    stream_mix: str = "hc",
+    sinkhorn_iterations: int = 20,
 ) -> Dict[str, torch.Tensor]:
     """Encoder output (B, S, C), decoder logits (B, T, V) and every layer's carried scores.
 
@@ -173,7 +236,8 @@ def reference_forward(
     src_pad = src_tokens.eq(pad)  # (B, S)
     x = enc.embed_scale * enc.embed_tokens(src_tokens) + enc.embed_positions(src_tokens)
     x = x * (~src_pad).unsqueeze(-1)
-    dual = Dual(x) if backbone == "resi-dual" else None
+    stack = start_stack(x, backbone, streams, stream_mix, sinkhorn_iterations)
+    x = stack.widen(x) if isinstance(stack, Streams) else x
     carried, out = None, {"encoder_scores": [], "decoder_scores": [], "cross_scores": []}
     for n, i in enumerate(encoder_layers, start=1):
         p = f"encoder.layers.{i}"
@@ -194,7 +258,7 @@ def reference_forward(
             backbone,
             enc_alpha,
             enc_profile,
-            dual,
+            stack,
         )
         x = residual_sublayer(
             x,
@@ -205,12 +269,12 @@ def reference_forward(
             backbone,
             enc_alpha,
             enc_profile,
-            dual,
+            stack,
         )
     if backbone == "pre-ln":
-        x = _layer_norm(x, params, "encoder.layer_norm")
+        x = _layer_norm(stack.collapse(x) if isinstance(stack, Streams) else x, params, "encoder.layer_norm")
     if backbone == "resi-dual":
-        x = x + _layer_norm(dual.d, params, "encoder.layer_norm", eps=RESIDUAL_EPS)
+        x = x + _layer_norm(stack.d, params, "encoder.layer_norm", eps=RESIDUAL_EPS)
     encoder_out = x
 
     # Decoder
@@ -218,7 +282,8 @@ def reference_forward(
     future = torch.ones(T, T, dtype=torch.bool).triu(1).unsqueeze(0)  # (1, T, T)
     self_masked = future | prev_output_tokens.eq(pad).unsqueeze(1)
     y = dec.embed_scale * dec.embed_tokens(prev_output_tokens) + dec.embed_positions(prev_output_tokens)
-    dual = Dual(y) if backbone == "resi-dual" else None
+    stack = start_stack(y, backbone, streams, stream_mix, sinkhorn_iterations)
+    y = stack.widen(y) if isinstance(stack, Streams) else y
     self_carried = cross_carried = None
     for n, i in enumerate(decoder_layers, start=1):
         p = f"decoder.layers.{i}"
@@ -247,7 +312,7 @@ def reference_forward(
             backbone,
             dec_alpha,
             dec_profile,
-            dual,
+            stack,
         )
         y = residual_sublayer(
             y,
@@ -258,7 +323,7 @@ def reference_forward(
             backbone,
             dec_alpha,
             dec_profile,
-            dual,
+            stack,
         )
         y = residual_sublayer(
             y,
@@ -269,12 +334,12 @@ def reference_forward(
             backbone,
             dec_alpha,
             dec_profile,
-            dual,
+            stack,
         )
     if backbone == "pre-ln":
-        y = _layer_norm(y, params, "decoder.layer_norm")
+        y = _layer_norm(stack.collapse(y) if isinstance(stack, Streams) else y, params, "decoder.layer_norm")
     if backbone == "resi-dual":
-        y = y + _layer_norm(dual.d, params, "decoder.layer_norm", eps=RESIDUAL_EPS)
+        y = y + _layer_norm(stack.d, params, "decoder.layer_norm", eps=RESIDUAL_EPS)
     out["encoder_out"] = encoder_out
     out["logits"] = y @ params["decoder.output_projection.weight"].T
     if profile:

@@ -20,6 +20,7 @@ from .helpers import (
     assert_within_rounding,
     build_model,
     differs_beyond_rounding,
+    layerdrop_draw,
     make_dictionary,
     paths_of,
     perturb_,
@@ -141,7 +142,13 @@ def test_residual_attention_modules_sit_exactly_on_the_chosen_paths():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("paths", PATH_SETS)
 def test_incremental_decoding_equals_full_forward(paths, mode, backbone, value_residual):
-    model = perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
+    assert_incremental_decoding_equals_full_forward(
+        perturb_(realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT))
+    )
+
+
+def assert_incremental_decoding_equals_full_forward(model):
+    """Every step of incremental decoding gives the full forward pass's logits and alignment."""
     src, src_len, prev = random_batch(DICT, SRC_LENS, [7, 7, 7])
     encoder_out = model.encoder(src, src_lengths=src_len)
     full, full_extra = model.decoder(prev, encoder_out=encoder_out)
@@ -172,7 +179,12 @@ def test_beam_search_scores_are_the_models_probabilities(paths, mode, backbone, 
     """Beam 4 through fairseq's generator (beam reordering of the incremental state): every
     hypothesis' token scores equal the full teacher-forced forward pass on that hypothesis."""
     model = realformer(paths, mode, backbone, *VALUE_RESIDUAL[value_residual], dictionary=DICT)
-    model = perturb_(model, scale=0.5 if model.options.layer_norm else None)
+    assert_beam_search_scores_are_the_models(perturb_(model, scale=0.5 if model.options.layer_norm else None))
+
+
+def assert_beam_search_scores_are_the_models(model):
+    """Beam 4 through fairseq's generator: each hypothesis' token scores and alignment are the
+    teacher-forced forward pass's on that hypothesis."""
     src, src_len, _ = random_batch(DICT, SRC_LENS, TGT_LENS)
     generator = SequenceGenerator([model], DICT, beam_size=4, max_len_a=0, max_len_b=8)
     hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": src_len}})
@@ -289,6 +301,12 @@ def test_gradient_reaches_first_layer_scores_through_the_carry(path, mode):
 # --- LayerDrop ------------------------------------------------------------------------------------
 
 
+def some_dropped(layers):
+    """What a LayerDrop test wants (``helpers.layerdrop_draw``): on each side, some layers dropped
+    and at least two run."""
+    return lambda kept_enc, kept_dec: 2 <= len(kept_enc) < layers and 2 <= len(kept_dec) < layers
+
+
 def test_layerdrop_counts_the_layers_actually_run():
     """With LayerDrop, the carried scores skip a dropped layer and the running mean divides by
     the number of attention layers actually run."""
@@ -310,12 +328,7 @@ def test_layerdrop_counts_the_layers_actually_run():
         )
     )
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
-    for seed in range(20):
-        torch.manual_seed(seed)  # LayerDropModuleList draws one uniform per layer per pass
-        kept_enc = [i for i, u in enumerate(torch.empty(layers).uniform_()) if u > p]
-        kept_dec = [i for i, u in enumerate(torch.empty(layers).uniform_()) if u > p]
-        if 2 <= len(kept_enc) < layers and 2 <= len(kept_dec) < layers:
-            break
+    seed, kept_enc, kept_dec = layerdrop_draw(layers, p, some_dropped(layers))
     model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
     torch.manual_seed(seed)
     enc, logits, _ = forward(model, src, src_len, prev)

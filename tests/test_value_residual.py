@@ -16,6 +16,7 @@ from .helpers import (
     assert_within_rounding,
     build_model,
     differs_beyond_rounding,
+    layerdrop_draw,
     make_dictionary,
     paths_of,
     perturb_,
@@ -130,14 +131,10 @@ def test_layerdrop_takes_v1_from_the_first_layer_run():
         )
     )
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
-    for seed in range(50):  # the first layer dropped on both sides, at least two layers run
-        torch.manual_seed(seed)  # LayerDropModuleList draws one uniform per layer per pass
-        kept_enc = [i for i, u in enumerate(torch.empty(layers).uniform_()) if u > p]
-        kept_dec = [i for i, u in enumerate(torch.empty(layers).uniform_()) if u > p]
-        if len(kept_enc) >= 2 and len(kept_dec) >= 2 and kept_enc[0] > 0 and kept_dec[0] > 0:
-            break
-    else:
-        pytest.fail("no seed drops the first layers")
+    # the first layer dropped on both sides, at least two layers run
+    seed, kept_enc, kept_dec = layerdrop_draw(
+        layers, p, lambda enc, dec: len(enc) >= 2 and len(dec) >= 2 and enc[0] > 0 and dec[0] > 0
+    )
     model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
     torch.manual_seed(seed)
     enc, logits, _ = forward(model, src, src_len, prev)

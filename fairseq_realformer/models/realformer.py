@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import options as plugin_options
 from ..modules import admin, compiled
 from ..modules.backbones import BACKBONES
+from ..modules.hyper_connections import collapse, widen
 from ..modules.layers import Carry, RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
 
 logger = logging.getLogger(__name__)
@@ -81,11 +82,24 @@ def _start_carry(x: Tensor, options) -> Carry:
     return Carry(stream=x if BACKBONES[options.backbone].stack_stream is not None else None)
 
 
+def _start_streams(x: Tensor, options) -> Tensor:
+    """What the first layer takes: the embedded input *x*, or n copies of it as residual streams
+    (Hyper-Connections)."""
+    return widen(x, options.residual_streams) if options.hyper_connections else x
+
+
+def _hidden_state(x: Tensor, options) -> Tensor:
+    """A layer's output as the stack reports it (``encoder_states``, ``inner_states``): x, or the
+    sum of the residual streams (the stack's output before its LayerNorm)."""
+    return collapse(x) if options.hyper_connections else x
+
+
 def _stack_output(stack, x: Tensor, carry: Carry) -> Tensor:
     """x + LN(d) with a stack-level stream (ResiDual), LN(x) where fairseq built the stack's
-    LayerNorm (Pre-LN), else x."""
+    LayerNorm (Pre-LN; LN of the streams' sum with residual streams), else x."""
     if carry.stream is not None:
         return x + stack.layer_norm(carry.stream)
+    x = _hidden_state(x, stack.options)
     return stack.layer_norm(x) if stack.layer_norm is not None else x
 
 
@@ -122,6 +136,7 @@ class RealformerEncoder(TransformerEncoderBase):
 
         encoder_states = [x] if return_all_hiddens else []
         carry = _start_carry(x, self.options)
+        x = _start_streams(x, self.options)
         # depth counts the layers actually run, so LayerDrop keeps the running mean right
         for depth, layer in enumerate(self.layers, start=1):
             x, carry = layer(
@@ -131,7 +146,7 @@ class RealformerEncoder(TransformerEncoderBase):
                 depth=depth,
             )
             if return_all_hiddens:
-                encoder_states.append(x)
+                encoder_states.append(_hidden_state(x, self.options))
         x = _stack_output(self, x, carry)
 
         src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
@@ -195,6 +210,7 @@ class RealformerDecoder(TransformerDecoderBase):
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
         carry = _start_carry(x, self.options)
+        x = _start_streams(x, self.options)
         for idx, layer in enumerate(self.layers):
             x, layer_attn, carry = layer(
                 x,
@@ -208,7 +224,7 @@ class RealformerDecoder(TransformerDecoderBase):
                 carry=carry,
                 depth=idx + 1,
             )
-            inner_states.append(x)
+            inner_states.append(_hidden_state(x, self.options))
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from . import compiled
 from .backbones import BACKBONES
+from .hyper_connections import HyperConnection
 from .residual_attention import Carried, PlainMultiheadAttention, ResidualMultiheadAttention
 from .sublayers import (
     CROSS_ATTENTION,
@@ -78,6 +79,10 @@ class _Backbone:
     self_attn_resweight: nn.Parameter
     encoder_attn_resweight: nn.Parameter
     ffn_resweight: nn.Parameter
+    # With --residual-streams N > 1, each sublayer's Hyper-Connection (``<sublayer>_hyper_connection``)
+    self_attn_hyper_connection: HyperConnection
+    encoder_attn_hyper_connection: HyperConnection
+    ffn_hyper_connection: HyperConnection
 
     def _init_backbone(self, cfg, side: str, sublayers) -> None:
         """The backbone's parameters and initialisation, after fairseq built the *sublayers*:
@@ -99,6 +104,28 @@ class _Backbone:
                 setattr(self, sublayer.layer_norm, None)
         if backbone.init_layer is not None:
             backbone.init_layer(self, cfg, side)
+        self._init_hyper_connections(cfg, sublayers)
+
+    def _init_hyper_connections(self, cfg, sublayers) -> None:
+        """With n > 1 residual streams, a Hyper-Connection per sublayer; the k-th sublayer of the
+        stack (k from 0, in the order they run) reads stream k mod n at first."""
+        options = self.options
+        if not options.hyper_connections:
+            return
+        for j, sublayer in enumerate(sublayers):
+            connection = HyperConnection(
+                options.residual_streams,
+                self.embed_dim,
+                index=self.index * len(sublayers) + j,
+                mix=options.residual_streams_mix,
+                dynamic=options.residual_streams_dynamic,
+                sinkhorn_iterations=options.sinkhorn_iterations,
+                export=cfg.export,
+            )
+            setattr(self, sublayer.parameter("hyper_connection"), connection)
+
+    def _hyper_connection(self, sublayer: Sublayer) -> Optional[HyperConnection]:
+        return getattr(self, sublayer.parameter("hyper_connection"), None)
 
     def __call__(self, *args, **kwargs):
         # overridden to route a training step through the compiled forward (``compiled``)
@@ -143,13 +170,23 @@ class _Backbone:
             **kwargs,
         )
 
-    def _pre(self, x: Tensor, layer_norm: Optional[nn.Module]) -> Tensor:
-        return layer_norm(x) if self.normalize_before else x
+    def _pre(self, x: Tensor, sublayer: Sublayer, layer_norm: Optional[nn.Module]):
+        """The branch's input, after the LayerNorm on a Pre-LN backbone, and what ``_post`` joins
+        its output to: x itself, or with residual streams what the width connection hands on
+        (x is then the streams, and the branch reads their mix)."""
+        residual, hyper_connection = x, self._hyper_connection(sublayer)
+        if hyper_connection is not None:
+            x, residual = hyper_connection.width_connection(x)
+        return (layer_norm(x) if self.normalize_before else x), residual
 
-    def _post(self, x: Tensor, residual: Tensor, sublayer: Sublayer, layer_norm: Optional[nn.Module], carry: Carry):
+    def _post(self, x: Tensor, residual, sublayer: Sublayer, layer_norm: Optional[nn.Module], carry: Carry):
         """Dropout on the branch, the backbone's join with the residual, LayerNorm after it; the
-        branch also joins the stack-level stream if the backbone has one. Returns (x, carry)."""
+        branch also joins the stack-level stream if the backbone has one. With residual streams
+        (Pre-LN only), the depth connection writes the branch into them. Returns (x, carry)."""
         x = self.dropout_module(x)
+        hyper_connection = self._hyper_connection(sublayer)
+        if hyper_connection is not None:
+            return hyper_connection.depth_connection(x, residual), carry
         if carry.stream is not None:
             carry = replaced(carry, stream=carry.stream + x)  # ResiDual: d ← d + f(x)
         weight = self._weight(sublayer)
@@ -165,8 +202,7 @@ class _Backbone:
         *key_value* is None. Returns (x, attention weights if asked for, *carry* with what this
         path hands on)."""
         attention, layer_norm = getattr(self, sublayer.name), getattr(self, sublayer.layer_norm)
-        residual = x
-        x = self._pre(x, layer_norm)
+        x, residual = self._pre(x, sublayer, layer_norm)
         key_value = x if key_value is None else key_value
         x, weights, carried = attention(
             query=x, key=key_value, value=key_value, **kwargs, carried=getattr(carry, sublayer.path), depth=depth
@@ -176,8 +212,8 @@ class _Backbone:
         return x, weights, carry
 
     def _feed_forward(self, x: Tensor, carry: Carry):
-        residual, layer_norm = x, getattr(self, FFN.layer_norm)
-        x = self._pre(x, layer_norm)
+        layer_norm = getattr(self, FFN.layer_norm)
+        x, residual = self._pre(x, FFN, layer_norm)
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         x = self.fc2(x)
         return self._post(x, residual, FFN, layer_norm, carry)
