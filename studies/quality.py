@@ -231,7 +231,9 @@ def main(argv=None):
     if outputs.status:  # reads the run folders and the --json, writes nothing
         print(status.table(study, previous))
         return
-    study = dataclasses.replace(study, machine=study.machines(previous))
+    # a report trains nothing: its JSON names the machines the runs trained on, not this one
+    reporting_only = outputs.report_only and previous and previous.machine
+    study = dataclasses.replace(study, machine=previous.machine if reporting_only else study.machines(previous))
     if outputs.report_only:
         if not (study.out / "data" / "bin").exists() and not study.record(previous).runs:
             raise SystemExit(

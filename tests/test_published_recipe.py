@@ -240,9 +240,11 @@ def test_the_published_study_compares_on_the_literatures_bleu_and_commits_both_f
     # a fresh checkout: no run folders; the committed study reports again with the same numbers
     for folder in ("fairseq", "post-ln-realformer"):
         shutil.rmtree(out / folder)
-    quality.main([*argv, "--report-only"])
+    # on another machine, which trains nothing: the JSON still names the one the runs trained on
+    quality.main([*argv, "--report-only", "--machine", "another machine"])
     again = json.loads(result.read_text())
     assert again["comparisons"] == study["comparisons"] and again["summary"] == study["summary"]
+    assert again["machine"] == study["machine"] and "another machine" not in again["what"]
 
 
 def _load_quality(monkeypatch, tmp_path):
