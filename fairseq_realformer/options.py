@@ -17,6 +17,9 @@ from typing import FrozenSet, Optional
 from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
 from .modules.backbones import BACKBONES
+from .modules.dense_residual import DENSE_RESIDUALS
+from .modules.dense_residual import DILATION as DENSE_DILATION
+from .modules.dense_residual import PERIOD as DENSE_PERIOD
 from .modules.hyper_connections import MIXES as STREAM_MIXES
 from .modules.hyper_connections import SINKHORN_ITERATIONS
 from .modules.sublayers import PATHS  # the names --residual-attention-paths takes: encoder, decoder, cross
@@ -126,6 +129,28 @@ FLAGS = (
         metavar="T",
         help=f"--residual-streams-mix mhc: Sinkhorn-Knopp iterations (column then row normalisations) per "
         f"stream mix ({SINKHORN_ITERATIONS}: the mHC paper's)",
+    ),
+    Flag(
+        "--dense-residual",
+        "none",
+        choices=DENSE_RESIDUALS,
+        help="dwa: DenseFormer's depth-weighted average (Pagliardini et al. 2024) after every layer of both "
+        "stacks, a learned mix of the embedded input and every earlier layer's output, starting as the "
+        "backbone; none: the backbone alone (docs/residual-paths.md)",
+    ),
+    Flag(
+        "--dense-residual-dilation",
+        str(DENSE_DILATION),
+        metavar="K",
+        help=f"--dense-residual dwa: the average after layer i weighs the outputs of layers i, i-K, i-2K, ... "
+        f"(the embedded input as layer 0) ({DENSE_DILATION}: the DenseFormer paper's default; its 4x5: 4)",
+    ),
+    Flag(
+        "--dense-residual-period",
+        str(DENSE_PERIOD),
+        metavar="P",
+        help=f"--dense-residual dwa: average after every P-th layer only ({DENSE_PERIOD}: after every layer, "
+        f"the paper's default; its 4x5: 5)",
     ),
     Flag(
         "--compile-layers",
@@ -264,6 +289,9 @@ class RealformerOptions:
     residual_streams_mix: str = "hc"
     residual_streams_dynamic: bool = True  # DHC, else SHC
     sinkhorn_iterations: int = SINKHORN_ITERATIONS  # mHC's
+    dense_residual: str = "none"  # "dwa": DenseFormer's depth-weighted averages (modules/dense_residual.py)
+    dense_dilation: int = DENSE_DILATION
+    dense_period: int = DENSE_PERIOD
 
     @property
     def normalize_before(self) -> bool:
@@ -312,6 +340,9 @@ class RealformerOptions:
             sinkhorn_iterations=_whole_number(
                 args.residual_streams_sinkhorn_iterations, "--residual-streams-sinkhorn-iterations"
             ),
+            dense_residual=args.dense_residual,
+            dense_dilation=_whole_number(args.dense_residual_dilation, "--dense-residual-dilation"),
+            dense_period=_whole_number(args.dense_residual_period, "--dense-residual-period"),
         )
         options._check_against(args)
         return options
@@ -344,6 +375,7 @@ class RealformerOptions:
         if getattr(args, "base_layers", 0):
             raise RealformerConfigError("--base-layers is not supported by the realformer model")
         self._check_residual_streams()
+        self._check_dense_residual(args)
 
     def _check_residual_streams(self) -> None:
         n = self.residual_streams
@@ -367,6 +399,36 @@ class RealformerOptions:
                 f"--residual-streams-sinkhorn-iterations {self.sinkhorn_iterations} needs "
                 f"--residual-streams-mix mhc: hc's stream mix is not projected"
             )
+
+    def _check_dense_residual(self, args) -> None:
+        chosen = (("--dense-residual-dilation", self.dense_dilation), ("--dense-residual-period", self.dense_period))
+        if not self.dense_averages:
+            for flag, value in chosen:
+                if value != 1:
+                    raise RealformerConfigError(f"{flag} {value} needs --dense-residual dwa")
+            return
+        if self.backbone == "resi-dual":
+            raise RealformerConfigError(
+                "--dense-residual dwa: not with --backbone resi-dual, whose stack carries a second stream "
+                "that the averages would leave out"
+            )
+        if self.hyper_connections:
+            raise RealformerConfigError(
+                f"--dense-residual dwa: not with --residual-streams {self.residual_streams}: the averages are "
+                f"defined on one residual stream"
+            )
+        for flag in ("--encoder-layers", "--decoder-layers"):
+            layers = getattr(args, flag[2:].replace("-", "_"), None)
+            if layers is not None and self.dense_period > layers:
+                raise RealformerConfigError(
+                    f"--dense-residual-period {self.dense_period} is more than {flag} {layers}: that stack would "
+                    f"average nowhere"
+                )
+
+    @property
+    def dense_averages(self) -> bool:
+        """The stacks take DenseFormer's depth-weighted averages."""
+        return self.dense_residual == "dwa"
 
     @property
     def hyper_connections(self) -> bool:

@@ -4,6 +4,7 @@ corpus."""
 import importlib.util
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -99,6 +100,42 @@ def load_script(name, folder=SCRIPTS):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def train_and_average(work: Path, data: Path, *argv, epochs: int = 2) -> str:
+    """fairseq-train *argv* on *data* in *work* (saving to ``ckpt``), then its *epochs* epoch
+    checkpoints averaged into ``ckpt/avg.pt`` by scripts/average_checkpoints.py: the training log."""
+    result = run("fairseq-train", data, *argv, cwd=work)
+    load_script("average_checkpoints").main(
+        [
+            "--inputs",
+            str(work / "ckpt"),
+            "--num-epoch-checkpoints",
+            str(epochs),
+            "--output",
+            str(work / "ckpt" / "avg.pt"),
+        ]
+    )
+    return result.stdout + result.stderr
+
+
+def translate_with_the_average(work: Path, data: Path):
+    """fairseq-interactive (beam 4) and the hub API translate with ``work/ckpt/avg.pt`` (a model
+    of the toy corpus, languages src and tgt): the hub's model, to check its options."""
+    flags = ["--user-dir", USER_DIR, "--path", "ckpt/avg.pt", "--beam", "4", "--source-lang", "src"]
+    result = run("fairseq-interactive", data, *flags, "--target-lang", "tgt", cwd=work, stdin="s1 s2 s3\ns4 s5\n")
+    assert len(re.findall(r"^H-\d+\t", result.stdout, re.M)) == 2, result.stderr[-2000:]
+
+    import torch
+
+    from fairseq_realformer.models.realformer import RealformerModel
+
+    hub = RealformerModel.from_pretrained(
+        str(work / "ckpt"), checkpoint_file="avg.pt", data_name_or_path=str(data)
+    ).eval()
+    hypothesis = hub.generate(hub.encode("s1 s2 s3 s4"), beam=4)[0]
+    assert torch.isfinite(hypothesis["positional_scores"]).all() and len(hypothesis["tokens"]) > 0
+    return hub.models[0]
 
 
 def cli_error(capsys, main, *argv):

@@ -22,12 +22,17 @@ Value residual on a path: layer n ≥ 2 reads V' = λ·V_n + (1 − λ)·V_1, V_
 sublayer's query input. Self-attention: token s's λ mixes token s's values; cross-attention: query
 t's λ mixes every value query t reads.
 
+Depth-weighted averages (DenseFormer, dilation k, period p): X_0 the embedded input, X_i layer i's
+output (from 1); after layer i the stack hands on Y_i = Σ_j α_{i,j} X_j over j = i, i − k, ... ≥ 0
+when p divides i, else X_i; the last layer's Y is the stack's x. A layer LayerDrop skips outputs
+its input, and is averaged after as any other.
+
 With ``profile=True`` it also recomputes ADMIN's profiling: ω_i = ratio, then
 ratio = sqrt(Var(x·ω_i) + Var(f(x))) over the real tokens, ratio starting at 1 per stack.
 """
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +100,31 @@ class Streams:
 
     def collapse(self, H):
         return H.sum(dim=2)
+
+
+class Averages:
+    """DenseFormer's depth-weighted averages of one stack (*side*), every layer's output kept."""
+
+    def __init__(self, embedded, params, side, dilation, period):
+        self.states, self.params, self.side = [embedded], params, side
+        self.dilation, self.period = dilation, period
+
+    def skip_to(self, i, x):
+        """x through the layers LayerDrop skipped before layer *i* (from 0): identities."""
+        while len(self.states) <= i:
+            x = self.after(len(self.states) - 1, x)
+        return x
+
+    def after(self, i, x):
+        """Y after layer *i* (from 0), its output *x*."""
+        self.states.append(x)
+        layer = i + 1
+        if layer % self.period:
+            return x
+        alpha = self.params[f"{self.side}.dense_residual.alphas.{i}"]
+        kept = range(layer % self.dilation, layer + 1, self.dilation)
+        assert len(alpha) == len(kept)
+        return sum(a * self.states[j] for a, j in zip(alpha, kept))
 
 
 def value_mix(x, params, name, heads, mix):
@@ -199,11 +229,13 @@ def reference_forward(
     streams: int = 1,
     stream_mix: str = "hc",
     sinkhorn_iterations: int = 20,
+    dense: Optional[Tuple[int, int]] = None,
 ) -> Dict[str, torch.Tensor]:
     """Encoder output (B, S, C), decoder logits (B, T, V) and every layer's carried scores.
 
     *encoder_layers* / *decoder_layers* list the layer indices to run (all by default), to
-    emulate LayerDrop: n then counts the layers actually run.
+    emulate LayerDrop: n then counts the layers actually run. *dense*: (dilation, period) of the
+    depth-weighted averages.
     """
     params = dict(model.state_dict())
 
@@ -238,9 +270,11 @@ def reference_forward(
     x = x * (~src_pad).unsqueeze(-1)
     stack = start_stack(x, backbone, streams, stream_mix, sinkhorn_iterations)
     x = stack.widen(x) if isinstance(stack, Streams) else x
+    averages = Averages(x, params, "encoder", *dense) if dense else None
     carried, out = None, {"encoder_scores": [], "decoder_scores": [], "cross_scores": []}
     for n, i in enumerate(encoder_layers, start=1):
         p = f"encoder.layers.{i}"
+        x = averages.skip_to(i, x) if averages else x
 
         def self_attn(h):
             nonlocal carried
@@ -271,6 +305,8 @@ def reference_forward(
             enc_profile,
             stack,
         )
+        x = averages.after(i, x) if averages else x
+    x = averages.skip_to(n_enc, x) if averages else x
     if backbone == "pre-ln":
         x = _layer_norm(stack.collapse(x) if isinstance(stack, Streams) else x, params, "encoder.layer_norm")
     if backbone == "resi-dual":
@@ -284,9 +320,11 @@ def reference_forward(
     y = dec.embed_scale * dec.embed_tokens(prev_output_tokens) + dec.embed_positions(prev_output_tokens)
     stack = start_stack(y, backbone, streams, stream_mix, sinkhorn_iterations)
     y = stack.widen(y) if isinstance(stack, Streams) else y
+    averages = Averages(y, params, "decoder", *dense) if dense else None
     self_carried = cross_carried = None
     for n, i in enumerate(decoder_layers, start=1):
         p = f"decoder.layers.{i}"
+        y = averages.skip_to(i, y) if averages else y
 
         def self_attn(h):
             nonlocal self_carried
@@ -336,6 +374,8 @@ def reference_forward(
             dec_profile,
             stack,
         )
+        y = averages.after(i, y) if averages else y
+    y = averages.skip_to(n_dec, y) if averages else y
     if backbone == "pre-ln":
         y = _layer_norm(stack.collapse(y) if isinstance(stack, Streams) else y, params, "decoder.layer_norm")
     if backbone == "resi-dual":

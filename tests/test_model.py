@@ -301,6 +301,27 @@ def test_gradient_reaches_first_layer_scores_through_the_carry(path, mode):
 # --- LayerDrop ------------------------------------------------------------------------------------
 
 
+def forward_under_layerdrop(model, seed, kept_enc, kept_dec, paths="all", **reference_kwargs):
+    """The training forward pass of *model* (mean mode) under LayerDrop's draw from *seed*, and the
+    reference's with the layers that draw keeps: (encoder output, logits, the reference's outputs)."""
+    src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
+    model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
+    torch.manual_seed(seed)
+    enc, logits, _ = forward(model, src, src_len, prev)
+    ref = reference_forward(
+        model,
+        src,
+        prev,
+        paths=paths_of(paths),
+        mode="mean",
+        heads=HEADS,
+        encoder_layers=kept_enc,
+        decoder_layers=kept_dec,
+        **reference_kwargs,
+    )
+    return enc, logits, ref
+
+
 def some_dropped(layers):
     """What a LayerDrop test wants (``helpers.layerdrop_draw``): on each side, some layers dropped
     and at least two run."""
@@ -327,22 +348,8 @@ def test_layerdrop_counts_the_layers_actually_run():
             dictionary=DICT,
         )
     )
-    src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     seed, kept_enc, kept_dec = layerdrop_draw(layers, p, some_dropped(layers))
-    model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
-    torch.manual_seed(seed)
-    enc, logits, _ = forward(model, src, src_len, prev)
-    ref = reference_forward(
-        model,
-        src,
-        prev,
-        paths=paths_of("all"),
-        mode="mean",
-        backbone="admin",
-        heads=HEADS,
-        encoder_layers=kept_enc,
-        decoder_layers=kept_dec,
-    )
+    enc, logits, ref = forward_under_layerdrop(model, seed, kept_enc, kept_dec, backbone="admin")
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True))
     assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False))
 
@@ -368,13 +375,23 @@ def test_impossible_flag_combinations_name_the_flags(flags, names):
 
 
 def test_activation_checkpointing_gives_the_same_outputs_and_gradients():
+    assert_activation_checkpointing_changes_nothing(
+        lambda *flags: perturb_(realformer("all", "mean", "admin", *flags, dictionary=DICT))
+    )
+
+
+def assert_activation_checkpointing_changes_nothing(make_model):
+    """*make_model(*flags)* with and without --checkpoint-activations: the same outputs and the same
+    gradients of every parameter, from the same weights."""
     src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     results = []
     for flags in ([], ["--checkpoint-activations"]):
-        model = perturb_(realformer("all", "mean", "admin", *flags, dictionary=DICT)).train()
+        model = make_model(*flags).train()
         logits, _ = model(src, src_len, prev)
         logits.sum().backward()
-        results.append((logits.detach(), model.encoder.layers[0].self_attn.q_proj.weight.grad))
-    (want, want_grad), (got, got_grad) = results
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (want, want_grads), (got, got_grads) = results
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -7,8 +7,6 @@ compiled layers and --bf16 compute what they should; fairseq-train, checkpoint a
 fairseq-interactive and the hub run it; impossible flags are one line. (Against the authors' code:
 tests/test_hyper_connections_vs_references.py.)"""
 
-import re
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,7 +17,7 @@ from fairseq_realformer.modules import hyper_connections
 from fairseq_realformer.modules.hyper_connections import SINKHORN_ITERATIONS, HyperConnection
 
 from . import compiled_steps
-from .cli import load_script, run, train_losses
+from .cli import load_script, train_and_average, train_losses, translate_with_the_average
 from .helpers import (
     EMBED,
     HEADS,
@@ -44,9 +42,11 @@ from .test_model import (
     DICT,
     SRC_LENS,
     TGT_LENS,
+    assert_activation_checkpointing_changes_nothing,
     assert_beam_search_scores_are_the_models,
     assert_incremental_decoding_equals_full_forward,
     forward,
+    forward_under_layerdrop,
     real_positions,
     some_dropped,
 )
@@ -278,28 +278,18 @@ def test_layerdrop_passes_the_streams_past_a_dropped_layer():
     drop = ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
     drop += ["--encoder-layerdrop", str(p), "--decoder-layerdrop", str(p)]
     model = hyper_model("all", 4, "mhc", "dynamic", *drop)
-    src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     seed, kept_enc, kept_dec = layerdrop_draw(layers, p, some_dropped(layers))
-    model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
-    torch.manual_seed(seed)
-    enc, logits, _ = forward(model, src, src_len, prev)
-    ref = reference(model, src, prev, "all", 4, "mhc", encoder_layers=kept_enc, decoder_layers=kept_dec)
+    enc, logits, ref = forward_under_layerdrop(
+        model, seed, kept_enc, kept_dec, backbone="pre-ln", streams=4, stream_mix="mhc"
+    )
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True))
     assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False))
 
 
 def test_activation_checkpointing_gives_the_same_outputs_and_gradients():
-    src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
-    results = []
-    for flags in ([], ["--checkpoint-activations"]):
-        model = hyper_model("all", 4, "mhc", "dynamic", *VALUE_RESIDUAL["vr-learned"], *flags).train()
-        logits, _ = model(src, src_len, prev)
-        logits.sum().backward()
-        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (want, want_grads), (got, got_grads) = results
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    for name, grad in want_grads.items():
-        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert_activation_checkpointing_changes_nothing(
+        lambda *flags: hyper_model("all", 4, "mhc", "dynamic", *VALUE_RESIDUAL["vr-learned"], *flags)
+    )
 
 
 @pytest.mark.usefixtures("traced")  # dynamo's tracing alone, no graph kept from before or after
@@ -409,11 +399,7 @@ def trained(tmp_path_factory):
     """Two epochs (8 updates) of a 2+2-layer mHC model, --bf16, on the toy corpus of tests/cli.py
     (binarised in tests/data/compat-0.1.0), its epoch checkpoints averaged."""
     work = tmp_path_factory.mktemp("streams")
-    result = run("fairseq-train", FIXTURES / "bin", *STREAMS_TRAIN, cwd=work)
-    load_script("average_checkpoints").main(
-        ["--inputs", str(work / "ckpt"), "--num-epoch-checkpoints", "2", "--output", str(work / "ckpt" / "avg.pt")]
-    )
-    return work, result.stdout + result.stderr
+    return work, train_and_average(work, FIXTURES / "bin", *STREAMS_TRAIN)
 
 
 def test_fairseq_train_trains_and_the_checkpoints_average(trained):
@@ -444,17 +430,5 @@ def test_checkpoints_of_other_stream_settings_are_not_averaged():
 
 def test_interactive_and_the_hub_translate_with_the_averaged_checkpoint(trained):
     work, _ = trained
-    flags = ["--user-dir", USER_DIR, "--path", "ckpt/avg.pt", "--beam", "4", "--source-lang", "src"]
-    result = run(
-        "fairseq-interactive", FIXTURES / "bin", *flags, "--target-lang", "tgt", cwd=work, stdin="s1 s2 s3\ns4 s5\n"
-    )
-    assert len(re.findall(r"^H-\d+\t", result.stdout, re.M)) == 2, result.stderr[-2000:]
-
-    from fairseq_realformer.models.realformer import RealformerModel
-
-    hub = RealformerModel.from_pretrained(
-        str(work / "ckpt"), checkpoint_file="avg.pt", data_name_or_path=str(FIXTURES / "bin")
-    ).eval()
-    assert hub.models[0].options.residual_streams == 4 and hub.models[0].options.residual_streams_mix == "mhc"
-    hypothesis = hub.generate(hub.encode("s1 s2 s3 s4"), beam=4)[0]
-    assert torch.isfinite(hypothesis["positional_scores"]).all() and len(hypothesis["tokens"]) > 0
+    options = translate_with_the_average(work, FIXTURES / "bin").options
+    assert options.residual_streams == 4 and options.residual_streams_mix == "mhc"

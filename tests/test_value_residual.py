@@ -24,7 +24,7 @@ from .helpers import (
     realformer,
 )
 from .reference import reference_forward
-from .test_model import SRC_LENS, TGT_LENS, assert_close_at, forward, real_positions
+from .test_model import SRC_LENS, TGT_LENS, assert_close_at, forward, forward_under_layerdrop, real_positions
 
 DICT = make_dictionary()
 
@@ -130,26 +130,12 @@ def test_layerdrop_takes_v1_from_the_first_layer_run():
             dictionary=DICT,
         )
     )
-    src, src_len, prev = random_batch(DICT, SRC_LENS, TGT_LENS)
     # the first layer dropped on both sides, at least two layers run
     seed, kept_enc, kept_dec = layerdrop_draw(
         layers, p, lambda enc, dec: len(enc) >= 2 and len(dec) >= 2 and enc[0] > 0 and dec[0] > 0
     )
-    model.train()  # dropout is 0 in the tiny models: LayerDrop is the only randomness
-    torch.manual_seed(seed)
-    enc, logits, _ = forward(model, src, src_len, prev)
-    ref = reference_forward(
-        model,
-        src,
-        prev,
-        paths=paths_of("all"),
-        mode="mean",
-        backbone="admin",
-        heads=HEADS,
-        encoder_layers=kept_enc,
-        decoder_layers=kept_dec,
-        value_paths=paths_of("all"),
-        value_mix="learned",
+    enc, logits, ref = forward_under_layerdrop(
+        model, seed, kept_enc, kept_dec, backbone="admin", value_paths=paths_of("all"), value_mix="learned"
     )
     assert_close_at(enc, ref["encoder_out"], real_positions(SRC_LENS, left=True))
     assert_close_at(logits, ref["logits"], real_positions(TGT_LENS, left=False))

@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import options as plugin_options
 from ..modules import admin, compiled
 from ..modules.backbones import BACKBONES
+from ..modules.dense_residual import DepthStates, DepthWeightedAverage
 from ..modules.hyper_connections import collapse, widen
 from ..modules.layers import Carry, RealformerDecoderLayer, RealformerEncoderLayer, initialize_embeddings
 
@@ -76,6 +77,18 @@ def _build_stack_stream_layer_norm(stack, cfg, options) -> None:
         stack.layer_norm = LayerNorm(stack.embed_tokens.embedding_dim, eps=stream.layer_norm_eps, export=cfg.export)
 
 
+def _build_dense_residual(stack, layers: int, options) -> None:
+    """The stack's depth-weighted averages (DenseFormer; ``dense_residual`` None without them)."""
+    stack.dense_residual = (
+        DepthWeightedAverage(layers, options.dense_dilation, options.dense_period) if options.dense_averages else None
+    )
+
+
+def _start_dense_states(stack, x: Tensor) -> Optional[DepthStates]:
+    """Every layer's output kept for the averages, from the embedded input *x* (None without)."""
+    return stack.dense_residual.start(x) if stack.dense_residual is not None else None
+
+
 def _start_carry(x: Tensor, options) -> Carry:
     """Nothing carried on any path yet; the backbone's stack-level stream starts from the
     embedded input *x* (ResiDual)."""
@@ -113,6 +126,7 @@ class RealformerEncoder(TransformerEncoderBase):
         self.options = options  # read by build_encoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens)
         _build_stack_stream_layer_norm(self, cfg, options)
+        _build_dense_residual(self, cfg.encoder.layers, options)
         initialize_embeddings(options, cfg, self.embed_tokens, "encoder")
 
     def build_encoder_layer(self, cfg):
@@ -137,16 +151,23 @@ class RealformerEncoder(TransformerEncoderBase):
         encoder_states = [x] if return_all_hiddens else []
         carry = _start_carry(x, self.options)
         x = _start_streams(x, self.options)
+        dense = _start_dense_states(self, x)
         # depth counts the layers actually run, so LayerDrop keeps the running mean right
         for depth, layer in enumerate(self.layers, start=1):
+            if dense is not None:
+                x = dense.skip_to(layer.index, x)
             x, carry = layer(
                 x,
                 encoder_padding_mask=encoder_padding_mask if has_pads else None,
                 carry=carry,
                 depth=depth,
             )
+            if dense is not None:
+                x = dense.after(layer.index, x)
             if return_all_hiddens:
                 encoder_states.append(_hidden_state(x, self.options))
+        if dense is not None:
+            x = dense.skip_to(len(self.layers), x)
         x = _stack_output(self, x, carry)
 
         src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
@@ -172,6 +193,7 @@ class RealformerDecoder(TransformerDecoderBase):
         self.options = options  # read by build_decoder_layer during fairseq's __init__
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _build_stack_stream_layer_norm(self, cfg, options)
+        _build_dense_residual(self, cfg.decoder.layers, options)
         initialize_embeddings(options, cfg, self.embed_tokens, "decoder")
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
@@ -211,7 +233,10 @@ class RealformerDecoder(TransformerDecoderBase):
         inner_states: List[Optional[Tensor]] = [x]
         carry = _start_carry(x, self.options)
         x = _start_streams(x, self.options)
+        dense = _start_dense_states(self, x)
         for idx, layer in enumerate(self.layers):
+            if dense is not None:
+                x = dense.skip_to(layer.index, x)
             x, layer_attn, carry = layer(
                 x,
                 enc,
@@ -224,6 +249,8 @@ class RealformerDecoder(TransformerDecoderBase):
                 carry=carry,
                 depth=idx + 1,
             )
+            if dense is not None:
+                x = dense.after(layer.index, x)
             inner_states.append(_hidden_state(x, self.options))
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)
@@ -232,6 +259,8 @@ class RealformerDecoder(TransformerDecoderBase):
             if alignment_heads is not None:
                 attn = attn[:alignment_heads]
             attn = attn.mean(dim=0)  # average probabilities over heads
+        if dense is not None:
+            x = dense.skip_to(len(self.layers), x)
         x = _stack_output(self, x, carry)
         x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
@@ -265,7 +294,8 @@ class RealformerDecoder(TransformerDecoderBase):
 @register_model("realformer")
 class RealformerModel(TransformerModel):
     """RealFormer residual attention (He et al. 2021) on a Transformer of any backbone (Post-LN,
-    Pre-LN, ADMIN, DeepNorm, ReZero, T-Fixup, ResiDual).
+    Pre-LN, ADMIN, DeepNorm, ReZero, T-Fixup, ResiDual), with Hyper-Connections' residual streams
+    or DenseFormer's depth-weighted averages where they are defined.
 
     Subclassed from fairseq's (legacy, argparse) ``transformer`` for its flags, embeddings and
     generation interface; only the encoder, decoder and their layers differ.

@@ -89,8 +89,8 @@ def sinkhorn(logits: Tensor, iterations: int) -> Tensor:
     return logits.exp()
 
 
-def _autocast_off(t: Tensor):
-    """No autocast around a connection's products (see above)."""
+def autocast_off(t: Tensor):
+    """No autocast around the products of a connection (see above) or of an average (dense_residual)."""
     if t.device.type in ("cpu", "cuda"):
         return torch.autocast(device_type=t.device.type, enabled=False)
     return contextlib.nullcontext()
@@ -143,14 +143,14 @@ class HyperConnection(nn.Module):
 
     def width_connection(self, streams: Tensor) -> Tuple[Tensor, Widened]:
         """h₀ = Hᵀ A_m ``(T, B, C)``, the sublayer's input, and what ``depth_connection`` needs."""
-        with _autocast_off(streams):
+        with autocast_off(streams):
             alpha, beta = self.weights(streams)
             mixed = alpha.transpose(-1, -2) @ streams  # (..., 1 + n, C): [h₀; A_rᵀ H]
         return mixed[..., 0, :], Widened(mixed[..., 1:, :], beta)
 
     def depth_connection(self, branch: Tensor, widened: Widened) -> Tensor:
         """A_rᵀ H + Bᵀ T(h₀), *branch* T(h₀) ``(T, B, C)``."""
-        with _autocast_off(branch):
+        with autocast_off(branch):
             dtype = widened.streams.dtype
             return widened.streams + widened.beta.unsqueeze(-1) * branch.to(dtype).unsqueeze(-2)
 
