@@ -210,6 +210,7 @@ class Timings:
             "size": cell.size,
             "length": cell.length,
             "tokens_per_batch": cell.tokens,
+            "parameters": sum(p.numel() for p in bench.params),
             "train_tokens_per_s": statistics.median(train),
             "train_step_ms": 1e3 * bench.tokens / statistics.median(train),
             "train_spread": spread(train),

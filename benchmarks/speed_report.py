@@ -50,10 +50,10 @@ def report(args, runs, skipped=(), budget=None):
         f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
         f"generation: beam 4, {args.gen_sentences} sentences per batch",
         "",
-        "| size | length | tokens | variant | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
+        "| size | length | tokens | variant | parameters | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
         "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |"
         + (" CUDA kernels / step | × fairseq | GPU busy / step | attention kernels (ms) |" if args.profile else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if args.profile else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if args.profile else ""),
     ]
     cell = lambda r: (r["size"], r["length"], r["tokens_per_batch"])  # noqa: E731
     base = {cell(r): r for r in runs if r["variant"] == "fairseq"}
@@ -62,8 +62,9 @@ def report(args, runs, skipped=(), budget=None):
         ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) and r.get(key) else "—"  # noqa: E731
         gen = f"{r['gen_sents_per_s']:.2f}" if "gen_sents_per_s" in r else "—"
         gen_spread = f"{r['gen_spread']:.0%}" if "gen_spread" in r else "—"
+        parameters = f"{r['parameters']:,}" if "parameters" in r else "—"  # not in JSONs before 2026-12-05
         line = (
-            f"| {r['size']} | {r['length']} | {r['tokens_per_batch']} | {r['variant']} | "
+            f"| {r['size']} | {r['length']} | {r['tokens_per_batch']} | {r['variant']} | {parameters} | "
             f"{r['train_tokens_per_s']:.0f} | {ratio('train_tokens_per_s')} | {mib(r.get('peak_mem_bytes'))} | "
             f"{ratio('peak_mem_bytes')} | {gen} | {ratio('gen_sents_per_s')} | {paired(r)} | "
             f"{r['train_spread']:.0%} / {gen_spread} |"

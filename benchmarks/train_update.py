@@ -29,8 +29,9 @@ intervals after ``--skip`` updates; ``wall s`` is the whole fairseq-train proces
 compiling); peak memory is the process's peak RSS on a CPU, ``torch.cuda.max_memory_allocated``
 on a GPU.
 
-Configurations (``--configs``): ``fairseq``, ``realformer-fairseq-update``, ``realformer``,
-``realformer+compiled``; each may end in ``@fp32``, ``@fp16`` (fairseq's ``--fp16``) or ``@bf16``
+Configurations (``--configs``): ``fairseq``, ``realformer-fairseq-update``, ``realformer+compiled``
+and every variant of fairseq_realformer/variants.py (``realformer``, ``pre-ln``,
+``pre-ln-denseformer``, ...); each may end in ``@fp32``, ``@fp16`` (fairseq's ``--fp16``) or ``@bf16``
 (the plugin's autocast mixed precision; fairseq's own ``--bf16`` needs a TPU, so the baseline has
 none) to override ``--precision``, and in ``/cudnn-off`` to train with PyTorch's cuDNN attention
 backend off (``torch.backends.cuda.enable_cudnn_sdp(False)``, set by the runner). ``realformer`` is
@@ -77,7 +78,7 @@ BASELINE = "fairseq"
 CONFIGS = {
     "fairseq": ["--arch", "transformer_wmt_en_de"],  # fairseq as its users have it: no --user-dir
     "realformer-fairseq-update": ["--arch", "realformer_wmt_en_de", *VARIANTS["realformer"], "--fairseq-update"],
-    "realformer": ["--arch", "realformer_wmt_en_de", *VARIANTS["realformer"]],
+    **{name: ["--arch", "realformer_wmt_en_de", *flags] for name, flags in VARIANTS.items()},  # "realformer", ...
     "realformer+compiled": ["--arch", "realformer_wmt_en_de", *VARIANTS["realformer"], "--compile-layers"],
 }
 PRECISIONS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}

@@ -9,6 +9,8 @@ what their names say. "realformer-value-residual" adds ResFormer's value residua
 three paths; "resi-dual" is the ResiDual backbone, "resi-dual-realformer" the same with residual
 attention. "post-ln-realformer" is residual attention (running mean, all paths) on Post-LN, the
 paper's BERT form; "pre-ln-realformer" the same on Pre-LN, the backbone a user picks for depth.
+"pre-ln-hyper-connections", "pre-ln-mhc" and "pre-ln-denseformer" are Pre-LN with 4 residual streams
+(Hyper-Connections, mHC) or DenseFormer's depth-weighted averages (docs/residual-paths.md).
 "admin-radam" also sets the optimizer and drops the learning-rate warm-up (RAdam's claim): its
 flags go after a recipe's own training flags, so that they win.
 
@@ -49,6 +51,19 @@ VARIANTS = {
     ),
     "resi-dual": (*_NO_RESIDUAL_ATTENTION, "--backbone", "resi-dual"),
     "resi-dual-realformer": (*_RESIDUAL_ATTENTION_MEAN, "--backbone", "resi-dual"),
+    # the residual-stream methods on Pre-LN, their papers' backbone: 4 streams (HC's and mHC's
+    # translation-sized choice), dynamic weights; DenseFormer's averages after every layer (1x1)
+    "pre-ln-hyper-connections": (*_NO_RESIDUAL_ATTENTION, "--backbone", "pre-ln", "--residual-streams", "4"),
+    "pre-ln-mhc": (
+        *_NO_RESIDUAL_ATTENTION,
+        "--backbone",
+        "pre-ln",
+        "--residual-streams",
+        "4",
+        "--residual-streams-mix",
+        "mhc",
+    ),
+    "pre-ln-denseformer": (*_NO_RESIDUAL_ATTENTION, "--backbone", "pre-ln", "--dense-residual", "dwa"),
 }
 
 

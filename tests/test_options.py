@@ -129,6 +129,9 @@ VARIANT_OPTIONS = {
     "realformer-value-residual": (ALL, True, "admin", "profile", ALL),
     "resi-dual": (NONE, True, "resi-dual", "closed-form"),
     "resi-dual-realformer": (ALL, True, "resi-dual", "closed-form"),
+    "pre-ln-hyper-connections": (NONE, True, "pre-ln", "closed-form", NONE, {"residual_streams": 4}),
+    "pre-ln-mhc": (NONE, True, "pre-ln", "closed-form", NONE, {"residual_streams": 4, "residual_streams_mix": "mhc"}),
+    "pre-ln-denseformer": (NONE, True, "pre-ln", "closed-form", NONE, {"dense_residual": "dwa"}),
 }
 
 
@@ -136,10 +139,11 @@ VARIANT_OPTIONS = {
 def test_every_named_variant_builds_with_the_options_its_name_promises(name):
     args = parse_args("realformer_iwslt_de_en", *VARIANTS[name])
     model = ARCH_MODEL_REGISTRY["realformer"].build_model(args, FakeTask(DICT))
-    paths, running_mean, backbone, admin_init, *value_paths = VARIANT_OPTIONS[name]
-    value_paths = value_paths[0] if value_paths else NONE
+    paths, running_mean, backbone, admin_init, *rest = VARIANT_OPTIONS[name]
+    value_paths = rest[0] if rest else NONE
+    residual = rest[1] if len(rest) > 1 else {}  # the residual-stream options
     assert model.options == options.RealformerOptions(
-        paths, running_mean, backbone, admin_init, None, value_paths, "half"
+        paths, running_mean, backbone, admin_init, None, value_paths, "half", **residual
     )
     # only admin-radam changes the training recipe: RAdam without warm-up
     radam = (args.optimizer, args.warmup_updates) == ("radam", 0)
