@@ -135,8 +135,8 @@ class Bench:
     def __init__(self, variant, layers, length, args):
         from fairseq.sequence_generator import SequenceGenerator
 
-        from fairseq_realformer import precision
         from fairseq_realformer.modules import admin
+        from fairseq_realformer.optim import precision
 
         self.device = args.device
         self.fp16 = args.dtype == "fp16"

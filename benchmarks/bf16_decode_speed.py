@@ -59,7 +59,7 @@ def decode_speed(args, model):
     import torch
     from fairseq.sequence_generator import SequenceGenerator
 
-    from fairseq_realformer import precision
+    from fairseq_realformer.optim import precision
 
     built, dictionary = build(model)
     sample = decode_sample(dictionary, args.gen_sentences)

@@ -20,7 +20,7 @@ the medians and as the median of the per-repeat (paired) ratios.
 Precision on a GPU (``--dtype``) is what fairseq-train does with the plugin loaded:
     fp32   float32 throughout
     bf16   ``--bf16``: float32 weights, gradients and Adam; forward (training and generation) under
-           the plugin's bfloat16 autocast (fairseq_realformer/precision.py)
+           the plugin's bfloat16 autocast (fairseq_realformer/optim/precision.py)
     fp16   ``--fp16``: the model cast to float16 and a float32 master copy that Adam steps, the
            loss scaled by 128 (fairseq's FP16Optimizer at its initial scale; overflow checks aside)
 

@@ -1,7 +1,7 @@
 """fairseq-train's update as users run it: ATen ops and host milliseconds per update by phase,
 words/s, the wall time to the last update and peak memory, for fairseq's own ``transformer``
 (fairseq alone: no ``--user-dir``) beside RealFormer with fairseq's update (``--fairseq-update``),
-with the plugin's fast update (its default, fairseq_realformer/fast_update.py) and with the fast
+with the plugin's fast update (its default, fairseq_realformer/optim/fast_update.py) and with the fast
 update and ``--compile-layers``.
 
 Every configuration is one fairseq-train run (``fairseq_cli.train.cli_main``) in a process of its

@@ -1,5 +1,5 @@
 """Errors that a user fixes on the command line, shown as one line instead of a traceback (the
-hook that prints them is installed by ``fairseq_fixes``)."""
+hook that prints them is installed by ``patches.fixes``)."""
 
 import os
 import sys

@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import FrozenSet, Optional
 
-from .checkpoints import restore_file_path
 from .errors import RealformerConfigError
+from .files.checkpoints import restore_file_path
 from .modules.backbones import BACKBONES
 from .modules.dense_residual import DENSE_RESIDUALS
 from .modules.dense_residual import DILATION as DENSE_DILATION
@@ -284,7 +284,7 @@ class RealformerOptions:
     value_paths: FrozenSet[str] = frozenset()  # paths with value residual
     value_mix: str = "half"
     compile_layers: bool = False  # training steps through compiled layers (modules/compiled.py)
-    fast_update: bool = True  # fairseq-train's update as multi-tensor ops (fast_update.py)
+    fast_update: bool = True  # fairseq-train's update as multi-tensor ops (optim/fast_update.py)
     residual_streams: int = 1  # n of Hyper-Connections; 1: none (modules/hyper_connections.py)
     residual_streams_mix: str = "hc"
     residual_streams_dynamic: bool = True  # DHC, else SHC

@@ -115,8 +115,8 @@ def check_same_model(path, params, settings, first_path, first_params, first_set
 
 
 def load(path):
-    from fairseq_realformer.checkpoints import read_checkpoint  # imports fairseq (seconds): only when needed
     from fairseq_realformer.errors import RealformerConfigError
+    from fairseq_realformer.files.checkpoints import read_checkpoint  # imports fairseq (seconds): only when needed
 
     try:
         state = read_checkpoint(path)

@@ -16,7 +16,7 @@ that runs is the installed one. The four columns:
   shows what those tests do once they can unpickle;
 - ``plugin``: ``import fairseq_realformer`` first, as ``--user-dir`` does;
 - ``plugin, fixes off``: the same with ``REALFORMER_FAIRSEQ_FIXES=0``: what the model needs from
-  fairseq (``fairseq_patches``) without the plugin's fixes of fairseq's defects (``fairseq_fixes``).
+  fairseq (``patches.model_support``) without the plugin's fixes of fairseq's defects (``patches.fixes``).
 
 Prints one row per file (passed/failed/skipped) and every test whose result differs between the
 columns; the pytest output and JUnit XML of each column go to --out.

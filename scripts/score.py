@@ -108,8 +108,8 @@ def split_size(data, subset, src, tgt):
 def check_checkpoints(paths):
     """Every checkpoint of --checkpoint (A.pt:B.pt for an ensemble) loads: tensors are mapped,
     not read, so a large checkpoint costs little here."""
-    from fairseq_realformer.checkpoints import read_checkpoint
     from fairseq_realformer.errors import RealformerConfigError
+    from fairseq_realformer.files.checkpoints import read_checkpoint
 
     for path in paths.split(os.pathsep):
         try:

@@ -1,4 +1,4 @@
-"""bfloat16 mixed precision (``--bf16`` without torch_xla; ``fairseq_realformer/precision.py``): the
+"""bfloat16 mixed precision (``--bf16`` without torch_xla; ``fairseq_realformer/optim/precision.py``): the
 models under the autocast compute what they compute in float32, to bfloat16's rounding; residual
 attention carries its sums in float32; fairseq-train, fairseq-generate, fairseq-interactive and the
 hub run it on a CPU, keep float32 checkpoints, resume exactly, and refuse what cannot be in one line."""
@@ -15,10 +15,10 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.trainer import Trainer
 
-from fairseq_realformer import precision
 from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules import ResidualMultiheadAttention, residual_attention
 from fairseq_realformer.modules.residual_attention import Carried
+from fairseq_realformer.optim import precision
 
 from . import cpu_report
 from .cli import N_TEST, TINY, TRAIN, popen, preprocess, run
@@ -226,7 +226,7 @@ def test_the_vocabulary_log_softmax_from_bf16_is_fairseqs_bit_for_bit():
     from fairseq import utils
     from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-    from fairseq_realformer.patching import MARKER
+    from fairseq_realformer.patches.patching import MARKER
 
     assert getattr(utils.log_softmax, MARKER, False), "fairseq's decoders call the plugin's log_softmax"
     torch.manual_seed(0)
@@ -429,7 +429,7 @@ def test_ctrl_c_and_resume_reproduce_an_uninterrupted_bf16_run(bf16_run, tmp_pat
     """Ctrl-C loses nothing: the epoch checkpoints written before it are the uninterrupted run's, bit
     for bit (weights, Adam's state), and the resumed run trains on from the last of them to the end
     as if it had never stopped: the same loss at every update and the same final weights, bit for
-    bit (fairseq alone resumes on other batches: fairseq_fixes.same_batches_after_resuming)."""
+    bit (fairseq alone resumes on other batches: patches.fixes.same_batches_after_resuming)."""
     work, uninterrupted = bf16_run
     (tmp_path / "bin").symlink_to(work / "bin")
     first = popen("fairseq-train", "bin", *BF16_TRAIN, "--save-dir", "ckpt", cwd=tmp_path)

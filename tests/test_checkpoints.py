@@ -9,8 +9,8 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from fairseq_realformer.checkpoints import ALLOW_ENV, UntrustedCheckpointError, read_checkpoint
 from fairseq_realformer.errors import RealformerConfigError
+from fairseq_realformer.files.checkpoints import ALLOW_ENV, UntrustedCheckpointError, read_checkpoint
 
 
 class _RunsCode:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_realformer.checkpoints import allowed_globals
+from fairseq_realformer.files.checkpoints import allowed_globals
 
 from .cli import N_TEST, TRAIN, preprocess, run, train_losses
 from .helpers import REPO, USER_DIR

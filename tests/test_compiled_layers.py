@@ -11,8 +11,8 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_realformer import precision
 from fairseq_realformer.modules import admin
+from fairseq_realformer.optim import precision
 
 from . import compiled_steps
 from .background import Job

@@ -14,7 +14,7 @@ from fairseq import checkpoint_utils, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 
-from fairseq_realformer.checkpoints import DamagedCheckpointError, read_checkpoint
+from fairseq_realformer.files.checkpoints import DamagedCheckpointError, read_checkpoint
 from fairseq_realformer.models.realformer import RealformerModel
 
 from .cli import N_TEST, TRAIN, cli_error, load_script, run

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_realformer import precision
 from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules.dense_residual import DepthWeightedAverage
+from fairseq_realformer.optim import precision
 
 from . import compiled_steps
 from .cli import load_script, train_and_average, train_losses, translate_with_the_average

@@ -1,6 +1,6 @@
-"""The fixes of fairseq's defects (``fairseq_fixes``): one switch, REALFORMER_FAIRSEQ_FIXES=0, leaves
+"""The fixes of fairseq's defects (``patches.fixes``): one switch, REALFORMER_FAIRSEQ_FIXES=0, leaves
 every fairseq function they replace as fairseq has it, while what the model needs from fairseq
-(``fairseq_patches``) stays; without it every fix is active; docs/checkpoints-and-errors.md's
+(``patches.model_support``) stays; without it every fix is active; docs/checkpoints-and-errors.md's
 table lists exactly these fixes; each fix's docstring names its call site and what changes for a
 stock transformer."""
 
@@ -14,8 +14,8 @@ import pytest
 from fairseq import checkpoint_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
 
-from fairseq_realformer.fairseq_fixes import FIXES, SWITCH, where
-from fairseq_realformer.patching import installed
+from fairseq_realformer.patches.fixes import FIXES, SWITCH, where
+from fairseq_realformer.patches.patching import installed
 
 from .cli import run
 from .helpers import REPO
@@ -38,7 +38,7 @@ before = [attribute(module, names) for module, names in targets]
 import fairseq_realformer
 from fairseq import checkpoint_utils
 from fairseq.data.fairseq_dataset import FairseqDataset
-from fairseq_realformer.patching import installed
+from fairseq_realformer.patches.patching import installed
 
 dataset = FairseqDataset()
 dataset.num_tokens = dataset.num_tokens_vec = lambda i: np.ones_like(i)
@@ -68,9 +68,9 @@ def probe(**env):
     return json.loads(run(sys.executable, "-c", PROBE, targets, env=env).stdout.strip().splitlines()[-1])
 
 
-ADMIN = "fairseq_realformer.fairseq_patches._initialize_admin_after_loading"
-GUARD = "fairseq_realformer.checkpoints.guarded"
-# fairseq functions that the model's changes (fairseq_patches) replace too, and stay replaced by
+ADMIN = "fairseq_realformer.patches.model_support._initialize_admin_after_loading"
+GUARD = "fairseq_realformer.files.checkpoints.guarded"
+# fairseq functions that the model's changes (patches.model_support) replace too, and stay replaced by
 MODEL_CHANGES = {
     "fairseq.checkpoint_utils.load_checkpoint": ADMIN,
     "fairseq.checkpoint_utils.load_checkpoint_to_cpu": GUARD,
@@ -155,7 +155,7 @@ def test_a_checkpoint_copy_stopped_half_way_leaves_the_old_file_whole(tmp_path):
     bytes, and fairseq's own PathManager.copy goes through it."""
     from fairseq.file_io import PathManager
 
-    from fairseq_realformer.fairseq_fixes.checkpoint_files import copy_checkpoints_whole
+    from fairseq_realformer.patches.fixes.checkpoint_files import copy_checkpoints_whole
 
     new, last = tmp_path / "checkpoint2.pt", tmp_path / "checkpoint_last.pt"
     new.write_bytes(b"new checkpoint " * 1000)
@@ -206,7 +206,7 @@ def test_a_run_resumed_mid_epoch_trains_that_epoch_on_every_sentence_once(fixed,
     epoch_2 = uninterrupted.next_epoch_itr()
     trained = [i for _ in range(2) for i in next(epoch_2)["id"].tolist()]  # then the run stops
 
-    with caplog.at_level("INFO", logger="fairseq_realformer.fairseq_fixes.batching"):
+    with caplog.at_level("INFO", logger="fairseq_realformer.patches.fixes.batching"):
         _, resumed = iterator(2)  # checkpoint_utils.load_checkpoint: get_train_iterator(epoch=2), then the state
     said = "epoch 2: the training batches are built as at epoch 1" in caplog.text
     assert said if fixed else not said

@@ -79,7 +79,7 @@ def with_better_transformer_copies(model: dict) -> dict:
 
 @pytest.mark.parametrize("fixes", ["on", "off"])
 def test_a_checkpoint_of_the_official_fairseq_0_12_2_translates(tmp_path, fixes):
-    """Its 8 copies per encoder layer are dropped (fairseq_fixes.drop_better_transformer_copies);
+    """Its 8 copies per encoder layer are dropped (patches.fixes.drop_better_transformer_copies);
     without the plugin's fixes, this fairseq refuses them as fairseq alone does."""
     fixture = FIXTURES[installed_fairseq()]
     state = torch.load(last_checkpoint(fixture / "checkpoints"), weights_only=False)

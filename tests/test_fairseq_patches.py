@@ -1,4 +1,4 @@
-"""The plugin's changes to fairseq (``fairseq_patches``, what the model needs, and ``fairseq_fixes``,
+"""The plugin's changes to fairseq (``patches``: ``model_support``, what the model needs, and ``fixes``,
 fairseq's defects): installed once, each where fairseq's callers look it up, and a patch whose call
 site fairseq changed fails loudly instead of silently doing nothing."""
 
@@ -20,9 +20,9 @@ from fairseq.trainer import Trainer
 from omegaconf import OmegaConf
 
 from common import fairseq_log
-from fairseq_realformer import fairseq_fixes, fairseq_patches
-from fairseq_realformer.fairseq_fixes.wall_clock import restart_wall_clock
-from fairseq_realformer.patching import MARKER, patch
+from fairseq_realformer import patches
+from fairseq_realformer.patches.fixes.wall_clock import restart_wall_clock
+from fairseq_realformer.patches.patching import MARKER, patch
 
 from .cli import SCRIPTS, TINY, preprocess, run
 from .helpers import USER_DIR
@@ -67,8 +67,7 @@ def patched_attributes():
 def test_every_patch_is_installed_once():
     patched = patched_attributes()
     assert all(getattr(f, MARKER, False) for f in patched)
-    fairseq_patches.install()  # a second import of the plugin
-    fairseq_fixes.install()
+    patches.install()  # a second import of the plugin
     assert patched_attributes() == patched
     assert data_utils.batch_by_size.__wrapped__.__name__ == "batch_by_size"  # wraps fairseq's, not ours
 

@@ -1,9 +1,10 @@
-"""The fast update (fairseq_realformer/fast_update.py) is exact: real fairseq-train runs of 31
+"""The fast update (fairseq_realformer/optim/fast_update.py) is exact: real fairseq-train runs of 31
 updates, the plugin's default against ``--fairseq-update`` (fairseq's own per-tensor code), end
 with the same parameters and optimizer state bit for bit, in float32 and --bf16, with and without
 --clip-norm, with --update-freq 2, with RAdam on two gloo ranks, and across a resume that
 switches from one to the other (a study's run in flight resumes with the new default and trains
-on unchanged). fairseq's own models keep fairseq's optimizer."""
+on unchanged). fairseq's own models keep fairseq's optimizer. Adam's and RAdam's checkpoints pickle
+no module of the plugin."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,7 +14,8 @@ from fairseq.optim.adam import Adam
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 from omegaconf import OmegaConf
 
-from fairseq_realformer import fast_update
+from fairseq_realformer.files.checkpoints import allowed_globals
+from fairseq_realformer.optim import fast_update
 
 from .cli import OPTIMIZE, TINY, free_port, popen, run
 from .helpers import USER_DIR
@@ -138,6 +140,19 @@ def test_a_run_resumes_across_the_switch_and_trains_on_unchanged(runs, first):
     assert "Loaded checkpoint" in log
     uninterrupted, _ = runs["float32", first]
     assert_same_training(checkpoint(folder), checkpoint(uninterrupted))
+
+
+@pytest.mark.parametrize("setting, optimizer", [("float32", "adam"), ("two-ranks", "radam")])
+def test_a_checkpoint_names_no_module_of_the_plugin(runs, setting, optimizer):
+    """fairseq-train saves its configuration as plain containers (``Trainer.state_dict``:
+    ``OmegaConf.to_container``), so a checkpoint pickles no class of the plugin, not even the
+    config dataclass of ``--optimizer radam``: the plugin's modules can move (issue 98) and every
+    checkpoint still loads under torch.load(weights_only=True) with fairseq's globals allowed."""
+    folder, _ = runs[setting, "fast"]
+    assert checkpoint(folder)["cfg"]["optimizer"]["_name"] == optimizer
+    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(folder / "checkpoint_last.pt"))
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in allowed_globals()}
+    assert set(unsafe) <= allowed and not any(g.startswith("fairseq_realformer") for g in unsafe), unsafe
 
 
 def test_fairseqs_own_transformer_keeps_fairseqs_optimizer(tmp_path):

@@ -12,7 +12,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 
 from fairseq_realformer.errors import RealformerConfigError
-from fairseq_realformer.fairseq_fixes.half_precision import half_precision_problem
+from fairseq_realformer.patches.fixes.half_precision import half_precision_problem
 
 from .cli import TRAIN, run
 from .test_compat import FIXTURES

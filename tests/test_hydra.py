@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from fairseq_realformer.checkpoints import read_checkpoint
+from fairseq_realformer.files.checkpoints import read_checkpoint
 from fairseq_realformer.options import FLAGS
 from fairseq_realformer.variants import VARIANTS
 

@@ -15,7 +15,7 @@ import sacrebleu
 import torch
 
 from common.host import cpu_model
-from fairseq_realformer.checkpoints import read_checkpoint as load_checkpoint
+from fairseq_realformer.files.checkpoints import read_checkpoint as load_checkpoint
 from studies import quality, recipe, scoring
 from studies.runs import RunFolder
 from studies.study import StudyRecord, scored_sets

@@ -8,7 +8,7 @@ from fairseq.modules import MultiheadAttention
 
 from fairseq_realformer.modules import ResidualMultiheadAttention
 from fairseq_realformer.modules.residual_attention import Attended, Carried, PlainMultiheadAttention
-from fairseq_realformer.precision import autocast
+from fairseq_realformer.optim.precision import autocast
 
 from .helpers import rounding
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fairseq_realformer import precision
 from fairseq_realformer.errors import RealformerConfigError
 from fairseq_realformer.modules import hyper_connections
 from fairseq_realformer.modules.hyper_connections import SINKHORN_ITERATIONS, HyperConnection
+from fairseq_realformer.optim import precision
 
 from . import compiled_steps
 from .cli import load_script, train_and_average, train_losses, translate_with_the_average

@@ -5,7 +5,7 @@ as with fairseq alone, where fairseq's run is right.
 
 fairseq alone cannot load a checkpoint on torch >= 2.6 (``weights_only``): its runs get
 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, the plugin's run without it. Of the plugin's deliberate
-differences (``fairseq_fixes``), such a run meets two. Keeping the tail of a split that fairseq's
+differences (``patches.fixes``), such a run meets two. Keeping the tail of a split that fairseq's
 batching drops (``keep_last_batch``) shows in fairseq-generate on the 21 test sentences; fairseq's
 training and validation batches hold every sentence of this corpus, which the tests check too.
 Resuming on the batches of the run it continues (``same_batches_after_resuming``) shows in the
@@ -23,7 +23,7 @@ import torch
 from fairseq import options, tasks
 from fairseq.data import data_utils
 
-from fairseq_realformer.checkpoints import read_checkpoint
+from fairseq_realformer.files.checkpoints import read_checkpoint
 
 from .cli import N_TEST, OPTIMIZE, SCRIPTS, TINY, run
 from .helpers import USER_DIR

@@ -1,4 +1,4 @@
-"""The fast update's host work, counted (fairseq_realformer/fast_update.py): in fairseq-train's own
+"""The fast update's host work, counted (fairseq_realformer/optim/fast_update.py): in fairseq-train's own
 trainer, one update of a tiny RealFormer dispatches a few multi-tensor ops for Adam's step and
 the gradient norm, however many parameter tensors the model has; with ``--fairseq-update``
 fairseq's Python loops dispatch ~7 ops a tensor for the step and one norm a tensor. The counting

@@ -27,8 +27,8 @@ from fairseq import checkpoint_utils, tasks, utils
 from fairseq.data import data_utils
 from tqdm import tqdm
 
-from .. import folders
 from ..errors import RealformerConfigError
+from ..files import folders
 from ..options import PATHS
 from .capture import PATH_TITLES, attention_modules
 from .measure import ModelAttention, measure

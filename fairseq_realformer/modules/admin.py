@@ -23,7 +23,7 @@ Three ways to set the initial ω (``--admin-init``):
     ``index ratio``: encoder sublayers 1..2N, then decoder sublayers 1..3M).
 
 The last two set ω from data: the model is built with ω = 1 and a pending state (``attach``), and
-``initialize`` — the one call fairseq-train (through ``fairseq_patches``), the benchmarks and a
+``initialize`` — the one call fairseq-train (through ``patches.model_support``), the benchmarks and a
 user's own training loop make before building the optimizer — sets them once. Optimizers that
 keep their own copy of the parameters (fairseq's --fp16) would otherwise overwrite the new ω.
 """

@@ -8,7 +8,7 @@ Python runs this file at start-up when its folder is on PYTHONPATH, which the te
 
 Only what ``torch.cpu`` reports changes, as soon as torch is imported; the kernels PyTorch runs
 stay this machine's. Test-only: the plugin reads PyTorch's report
-(``fairseq_realformer.precision.native_on_cpu``) and knows nothing of this.
+(``fairseq_realformer.optim.precision.native_on_cpu``) and knows nothing of this.
 """
 
 import importlib.abc

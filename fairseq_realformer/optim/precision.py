@@ -54,7 +54,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .errors import RealformerConfigError
+from ..errors import RealformerConfigError
 
 DTYPE = torch.bfloat16
 

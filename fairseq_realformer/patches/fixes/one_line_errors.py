@@ -6,8 +6,9 @@ import functools
 import sys
 from typing import Optional
 
-from .. import folders, precision
-from ..errors import RealformerConfigError, prog
+from ...errors import RealformerConfigError, prog
+from ...files import folders
+from ...optim import precision
 
 # The folders fairseq-train made for its save dir in this process, outermost first.
 _new_save_dirs: list = []
@@ -45,7 +46,7 @@ def one_line_errors(previous_hook):
     Call site: the interpreter calls ``sys.excepthook`` with the exception that ends the process.
 
     A stock ``transformer`` run: only the plugin's own errors (``RealformerConfigError``: the
-    fixes of ``fairseq_fixes``, e.g. a missing --restore-file), and fairseq's refusal of --fp16
+    fixes of ``fixes``, e.g. a missing --restore-file), and fairseq's refusal of --fp16
     with --bf16, are shortened; fairseq's other exceptions print their tracebacks as before."""
 
     def print_config_errors_as_one_line(exc_type, exc, tb):

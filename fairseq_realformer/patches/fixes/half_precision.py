@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import precision
-from ..errors import RealformerConfigError, prog
+from ...errors import RealformerConfigError, prog
+from ...optim import precision
 
 
 def half_precision_problem(common, cuda: bool, xla: bool) -> Optional[str]:

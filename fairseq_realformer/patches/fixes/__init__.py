@@ -8,7 +8,7 @@ docstring gives its fairseq issue where one is known, its call site, and what ch
 ``transformer`` run; ``docs/checkpoints-and-errors.md`` lists them in one table.
 
 ``REALFORMER_FAIRSEQ_FIXES=0`` in the environment installs none of them: fairseq then behaves as
-it does alone, but for what the model itself needs (``fairseq_patches``: checkpoints load under
+it does alone, but for what the model itself needs (``model_support``: checkpoints load under
 ``torch.load(weights_only=True)``, ADMIN's ω are set after fairseq-train loads its checkpoint).
 The plugin's own errors are then tracebacks, and ``--bf16`` is fairseq's TPU run.
 """
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Tuple
 
-from ..errors import RealformerConfigError
+from ...errors import RealformerConfigError
 from ..patching import patch
 from .batching import keep_last_batch, same_batches_after_resuming
 from .checkpoint_contents import drop_better_transformer_copies

@@ -4,7 +4,7 @@ still look it up there.
 
 If a fairseq release calls the function another way, importing the plugin fails with a message
 saying which change no longer applies, instead of the change silently doing nothing. Used by
-``fairseq_patches`` (what the model needs) and ``fairseq_fixes`` (fairseq's defects, fixed for
+``model_support`` (what the model needs) and ``fixes`` (fairseq's defects, fixed for
 every model).
 """
 

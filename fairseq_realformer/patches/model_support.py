@@ -1,6 +1,6 @@
 """What the model needs from fairseq, installed once when the plugin is imported (``install``,
 called by the package's ``__init__``). fairseq's own defects, which the plugin fixes for every
-model (and ``REALFORMER_FAIRSEQ_FIXES=0`` leaves alone), are ``fairseq_fixes``.
+model (and ``REALFORMER_FAIRSEQ_FIXES=0`` leaves alone), are ``fixes``.
 
 =====================  ================================  =====================================
 change                 replaces                          why the model needs it
@@ -30,9 +30,10 @@ import types
 import fairseq.utils
 from fairseq import checkpoint_utils
 
-from . import checkpoints, fast_update
-from .models.realformer import RealformerModel
-from .modules import admin
+from ..files import checkpoints
+from ..models.realformer import RealformerModel
+from ..modules import admin
+from ..optim import fast_update
 from .patching import patch
 
 

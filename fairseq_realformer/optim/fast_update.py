@@ -26,7 +26,7 @@ the update's seed          ``Trainer._set_seed``: seeds, and copies    ``seed_wi
 =========================  ==========================================  =============================
 
 Installed by ``install`` on the optimizer fairseq-train builds for the plugin's models
-(``fairseq_patches``; ``--fairseq-update`` leaves fairseq's own). The state layout is fairseq's
+(``patches.model_support``; ``--fairseq-update`` leaves fairseq's own). The state layout is fairseq's
 (Adam: ``step`` an int, ``exp_avg``, ``exp_avg_sq``; RAdam: torch's), so a checkpoint moves both
 ways between the two paths. What is not float32 (``--memory-efficient-fp16``'s half-precision
 weights), AMSGrad, sparse gradients and apex's fused kernels keep fairseq's code.

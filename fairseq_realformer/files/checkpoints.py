@@ -5,7 +5,7 @@ and every fairseq load (fairseq-generate, fairseq-interactive, ``--restore-file`
 fails on the ``argparse.Namespace`` that fairseq stores with the model. Instead of turning the
 protection off (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``), the plugin allows exactly the globals
 fairseq checkpoints contain, only while a checkpoint is loaded: ``guarded`` wraps a loader
-(``fairseq_patches`` wraps fairseq's loaders with it), ``read_checkpoint`` is the loader of our own
+(``patches.model_support`` wraps fairseq's loaders with it), ``read_checkpoint`` is the loader of our own
 scripts. Anything else is refused with a message that names the global and says how a user who
 trusts the file opts in.
 
@@ -17,7 +17,7 @@ reader's message). A file that fairseq's loader accepts is never refused: the gu
 it returns only what that loader's callers read.
 
 Every diagnosis of a checkpoint file is here: the loaders' (``guarded``), and the messages and
-paths with which ``fairseq_fixes`` names a checkpoint that fairseq's entry points were told to load
+paths with which ``patches.fixes`` names a checkpoint that fairseq's entry points were told to load
 and that does not exist (``missing``, ``restore_file_path``).
 """
 
@@ -32,7 +32,7 @@ from typing import Callable, List, Optional
 import numpy
 import torch
 
-from .errors import RealformerConfigError
+from ..errors import RealformerConfigError
 
 ALLOW_ENV = "REALFORMER_ALLOW_GLOBALS"
 

@@ -1,7 +1,7 @@
 """fairseq's entry points stop on a checkpoint file or folder that does not exist with a
 traceback, or do not stop at all: each is named in one line instead. What is wrong with a
 checkpoint file, and how it is said, is ``checkpoints``'s (damaged files are named by its loader,
-``checkpoints.guarded``, which ``fairseq_patches`` installs)."""
+``checkpoints.guarded``, which ``model_support`` installs)."""
 
 import functools
 import inspect
@@ -10,8 +10,8 @@ import os
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .. import checkpoints
-from ..errors import RealformerConfigError
+from ...errors import RealformerConfigError
+from ...files import checkpoints
 
 
 def copy_checkpoints_whole(copy):

@@ -1,0 +1,66 @@
+"""The plugin's map (issue 98): its root holds what a command line reaches, and each subpackage
+imports only what its ``__init__`` says it may (``files``: errors; ``optim``: errors and files),
+with ``patches``, which changes fairseq, imported by the package alone. Read from the source
+(``ast``): nothing is imported."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fairseq_realformer"
+# what --user-dir, the flags, the variants, the one-line errors and realformer-user-dir reach
+ROOT_MODULES = {"__init__.py", "options.py", "variants.py", "errors.py", "user_dir.py"}
+SUBPACKAGES = {"models", "modules", "optim", "files", "patches", "analysis"}
+# the parts of the plugin (a root module or a subpackage) that each subpackage may import
+MAY_IMPORT = {"files": {"errors"}, "optim": {"errors", "files"}}
+
+
+def plugin_imports(path: Path):
+    """The parts of the plugin (``errors``, ``files``, ...) that the module at *path* imports."""
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]  # a package's __init__: itself
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
+            module = base + (node.module.split(".") if node.module else [])
+            names = [module] if node.module else [module + [alias.name] for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name.split(".") for alias in node.names]
+        else:
+            continue
+        found.update(name[1] for name in names if name[0] == "fairseq_realformer" and len(name) > 1)
+    return found
+
+
+def test_the_root_holds_only_what_a_command_line_reaches_and_the_subpackages():
+    modules = {p.name for p in PACKAGE.glob("*.py")}
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert modules == ROOT_MODULES, "a new module belongs in the subpackage of its concern (docs/development.md)"
+    assert folders == SUBPACKAGES
+    for folder in folders:
+        assert (PACKAGE / folder / "__init__.py").is_file(), folder
+
+
+def test_each_subpackage_of_issue_98_says_what_it_holds_and_may_import():
+    for folder in ("optim", "files", "patches"):
+        docstring = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text(encoding="utf-8")))
+        assert "may import" in docstring.lower(), folder
+
+
+def test_the_imports_are_read_as_python_resolves_them():
+    assert plugin_imports(PACKAGE / "patches" / "fixes" / "one_line_errors.py") >= {"errors", "files", "optim"}
+    assert plugin_imports(PACKAGE / "patches" / "model_support.py") >= {"files", "optim", "models", "modules"}
+    assert plugin_imports(PACKAGE / "options.py") >= {"files", "errors", "modules"}
+    assert plugin_imports(PACKAGE / "__init__.py") == {"patches", "models", "optim"}
+
+
+def test_each_subpackage_imports_only_what_it_may():
+    for folder, allowed in MAY_IMPORT.items():
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            assert plugin_imports(path) - {folder} <= allowed, path.relative_to(PACKAGE)
+
+
+def test_only_the_package_itself_imports_the_patches():
+    """``patches`` changes fairseq and may import every part of the plugin: it comes last."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path != PACKAGE / "__init__.py" and PACKAGE / "patches" not in path.parents:
+            assert "patches" not in plugin_imports(path), path.relative_to(PACKAGE)
