@@ -26,12 +26,15 @@
 #      example, the DeepNet authors', warms up over 4,000, more than this recipe's 2,640 in all: so
 #      scaled, not copied), at 18+18, seed 1, lr 1e-3 (its rate with 400) and 2e-3 (the others');
 #      then seeds 2 and 3 at the better on validation BLEU. Float32, after stage 6.
+#   8. the residual-stream methods (issue 97) at 4+4 on Pre-LN, their papers' backbone: Hyper-Connections
+#      and mHC (4 streams) and DenseFormer (1x1), at 4e-3 (Pre-LN's best 4+4 rate in stage 1), seed 1,
+#      beside Pre-LN itself trained again by the same code. Float32, independent of stages 6-7.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 # --jobs N trains N runs side by side, one thread each; --jobs 1, one on every core. On the 2-core
 # AMD EPYC VM an 18+18 run makes ~950 tokens/s alone and ~660 beside another (2026-12-02): --jobs 2
 # trains ~40% more in all, each run ~4 hours rather than ~3 (20 epochs, 132 updates each).
 #
-#   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5,6,7]
+#   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5,6,7,8]
 # The runs outlast a session and a checkout: set REALFORMER_RUNS to a folder outside the checkout (the
 # default --out; else the checkout's runs/), and a study started again from a fresh clone resumes
 # every unfinished run from its last epoch checkpoint. On a CPU each training gets glibc's allocator
@@ -122,5 +125,11 @@ if stage 7; then
 say "7/7 deepnorm at 18+18 with 1,600 warm-up updates (4x the recipe's) in $out/depth-18"
 nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --warmup 1600 --lr 1e-3,2e-3 --best-seeds 2,3 \
   --variants deepnorm --json "$results/cpu-quality-depth-18-deepnorm-warmup-1600-multi30k-en-de.json"
+fi
+if stage 8; then
+say "8/8 the residual-stream methods at 4+4 beside Pre-LN in $out/residual-streams-4"
+nice -n 19 "$py" "$root/studies/quality.py" --preset cpu --lr 4e-3 --seeds 1 --jobs "$jobs" --out "$out/residual-streams-4" \
+  --variants pre-ln,pre-ln-hyper-connections,pre-ln-mhc,pre-ln-denseformer --machine "$machine" \
+  --json "$results/cpu-quality-residual-streams-4-multi30k-en-de.json"
 fi
 say "done"

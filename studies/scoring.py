@@ -21,6 +21,10 @@ PAIRS = (
     ("admin", "pre-ln"),
     ("pre-ln-realformer", "pre-ln"),  # residual attention on the backbone a user picks
     ("pre-ln-realformer", "realformer"),  # on Pre-LN or on ADMIN
+    ("pre-ln-hyper-connections", "pre-ln"),  # the residual-stream methods against their backbone
+    ("pre-ln-mhc", "pre-ln"),
+    ("pre-ln-mhc", "pre-ln-hyper-connections"),  # what the doubly stochastic mix changes
+    ("pre-ln-denseformer", "pre-ln"),
 )
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu --paired-bs-n's default
 quiet_logging()  # sacrebleu's line for every resampling
