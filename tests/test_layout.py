@@ -1,6 +1,7 @@
 """The plugin's map (issue 98): its root holds what a command line reaches, and each subpackage
-imports only what its ``__init__`` says it may (``files``: errors; ``optim``: errors and files),
-with ``patches``, which changes fairseq, imported by the package alone. Read from the source
+imports only what its ``__init__`` says it may: ``errors`` first, then ``files``, ``modules`` and
+``optim``, then ``options``, then ``models``; ``analysis`` reads them all, and ``patches``, which
+changes fairseq, may import everything and is imported by the package alone. Read from the source
 (``ast``): nothing is imported."""
 
 import ast
@@ -10,8 +11,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fairseq_realformer"
 # what --user-dir, the flags, the variants, the one-line errors and realformer-user-dir reach
 ROOT_MODULES = {"__init__.py", "options.py", "variants.py", "errors.py", "user_dir.py"}
 SUBPACKAGES = {"models", "modules", "optim", "files", "patches", "analysis"}
+ROOT_MODULES_AND_SUBPACKAGES = {name.removesuffix(".py") for name in ROOT_MODULES - {"__init__.py"}} | SUBPACKAGES
 # the parts of the plugin (a root module or a subpackage) that each subpackage may import
-MAY_IMPORT = {"files": {"errors"}, "optim": {"errors", "files"}}
+MAY_IMPORT = {
+    "files": {"errors"},
+    "modules": {"errors"},
+    "optim": {"errors", "files"},
+    "models": {"errors", "files", "modules", "options"},
+    "analysis": {"errors", "files", "modules", "optim", "options", "models", "variants"},
+    "patches": ROOT_MODULES_AND_SUBPACKAGES,
+}
 
 
 def plugin_imports(path: Path):
@@ -40,8 +49,9 @@ def test_the_root_holds_only_what_a_command_line_reaches_and_the_subpackages():
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
 
 
-def test_each_subpackage_of_issue_98_says_what_it_holds_and_may_import():
-    for folder in ("optim", "files", "patches"):
+def test_each_subpackage_says_what_it_holds_and_may_import():
+    assert set(MAY_IMPORT) == SUBPACKAGES
+    for folder in SUBPACKAGES:
         docstring = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text(encoding="utf-8")))
         assert "may import" in docstring.lower(), folder
 
@@ -64,3 +74,8 @@ def test_only_the_package_itself_imports_the_patches():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path != PACKAGE / "__init__.py" and PACKAGE / "patches" not in path.parents:
             assert "patches" not in plugin_imports(path), path.relative_to(PACKAGE)
+
+
+def test_the_errors_import_nothing_of_the_plugin():
+    """Every part may name a flag or a file in one line: ``errors`` sits under them all."""
+    assert plugin_imports(PACKAGE / "errors.py") == set()

@@ -6,5 +6,6 @@
 - ``figures``: the paper's violin grids and a comparison of models (matplotlib);
 - ``cli``: the ``realformer-analyze`` command.
 
-Not imported by the plugin itself (``--user-dir``), so training never loads matplotlib.
+Not imported by the plugin itself (``--user-dir``), so training never loads matplotlib. May import
+every part of the plugin but ``patches``, which the package installs.
 """

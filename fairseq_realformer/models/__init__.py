@@ -1,4 +1,5 @@
-"""Registers the ``realformer`` model and its named architectures with fairseq."""
+"""Registers the ``realformer`` model and its named architectures with fairseq. May import only
+``errors``, ``files``, ``modules`` and ``options``."""
 
 # The model registers first, then its architectures.
 # isort: off
