@@ -30,24 +30,13 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
+from common.presets import PRESETS
 from common.repo import MULTI30K, REPO, repo_relative
 from studies import scoring, tables
 from studies.figures import frame, save, variant_colours
-from studies.study import StudyRecord
+from studies.study import DEFINING, StudyRecord
 
 RESULTS = REPO / "studies" / "results"
-STUDIES = [
-    RESULTS / f"cpu-quality-{name}-multi30k-en-de.json"
-    for name in (
-        "lr-sweep",
-        "deepnorm-4",
-        "depth-12",
-        "depth-18",
-        "depth-18-pre-ln-deepnorm",
-        "depth-18-pre-ln-realformer",
-        "depth-18-deepnorm-warmup-1600",  # stage 7 of lr_depth_study.sh (issue 86); absent until it trains
-    )
-]
 FIGURE = REPO / "docs" / "figures" / "lr-sweep" / "cpu-quality-depth-multi30k-en-de.bleu-vs-depth.png"
 BEHIND_BLEU = 2.0  # a seed this far below its variant's best seed is named (an unlucky or unstable one)
 FAILED_BLEU = 10.0  # below this mean test BLEU a variant did not train at that depth (those that did: 34 and up)
@@ -58,14 +47,63 @@ def parse_args(argv=None):
     p.add_argument(
         "studies",
         nargs="*",
-        default=STUDIES,
         metavar="JSON",
-        help="studies/quality.py JSONs (default: the committed 4+4, 12+12 and 18+18 studies in studies/results)",
+        help="studies/quality.py JSONs (default: the depth study's among the committed ones, depth_studies)",
     )
     p.add_argument("--data", default=MULTI30K, help="where the references are, when not at the JSON's paths")
     p.add_argument("--figure", default=FIGURE, help="the PNG to write (default: %(default)s)")
     p.add_argument("--curves", metavar="PNG", help="also draw every run of the deepest depth's validation loss here")
     return p.parse_args(argv)
+
+
+def depth_studies(results=RESULTS, data=MULTI30K):
+    """The committed studies of the depth study, found from their records: studies/quality.py's
+    (``cpu-quality-*.json``) trained on the recipe's CPU schedule (preset cpu, its epochs) in
+    float32, with its runs scored on validation (where a rate is chosen), at any depth and warm-up
+    (a study of another warm-up names its variants by it). The bf16 study, the published recipe, the
+    shorter post-ln sweep and the first 4+4 study (no validation BLEU) are other questions. Those of
+    the recipe's warm-up first (the first of a depth names the rest), sweeps first, then by name."""
+    recipe = PRESETS["cpu"]
+    records = [StudyRecord.load(path, data) for path in sorted(Path(results).glob("cpu-quality-*.json"))]
+    found = [
+        r
+        for r in records
+        if r.settings.get("preset") == "cpu"
+        and r.settings.get("epochs") == recipe.epochs
+        and not r.settings.get("bf16")
+        and all("val" in run for run in r.runs)
+    ]
+    return sorted(found, key=lambda r: (r.settings.get("warmup") != recipe.warmup, not r.sweep))
+
+
+def one_study_each(parts):
+    """Studies of one depth with each variant from one of them: a variant trained the same way
+    (DEFINING) in several comes from the one that trained it at the most rates (a sweep over a
+    study of one rate; at equal, the newer). A study left with no variant is not a part."""
+
+    def rates(part, variant):
+        return len({r["lr"] for r in part.runs if r["variant"] == variant})
+
+    def key(part, variant):
+        return (variant, *(part.settings.get(k) for k in DEFINING))
+
+    owner = {}
+    for part in parts:
+        for variant in part.settings["variants"]:
+            held = owner.get(key(part, variant))
+            rank = (rates(part, variant), part.data.get("date", ""))
+            if held is None or rank > (rates(held, variant), held.data.get("date", "")):
+                owner[key(part, variant)] = part
+    kept = []
+    for part in parts:
+        variants = [v for v in part.settings["variants"] if owner[key(part, v)] is part]
+        if variants == part.settings["variants"]:
+            kept.append(part)
+        elif variants:
+            settings = {**part.settings, "variants": variants}
+            runs = [r for r in part.runs if r["variant"] in variants]
+            kept.append(StudyRecord({**part.data, "settings": settings, "runs": runs}, path=part.path))
+    return kept
 
 
 def load(path, data):
@@ -304,14 +342,17 @@ def curves_figure(study, path, what):
 
 def main(argv=None):
     args = parse_args(argv)
-    loaded = [(load(path, args.data), path) for path in args.studies]
+    if args.studies:
+        loaded = [(load(path, args.data), path) for path in args.studies]
+    else:
+        loaded = [(record, record.path) for record in depth_studies(data=args.data)]
     found = sorted((s for s, _ in loaded if s is not None), key=lambda s: s.layers)
     blocks = ["## Depth: each variant at its best rate"]
     blocks += [f"Not there yet: `{repo_relative(p)}` (not reported)." for s, p in loaded if s is None]
     if not found:
         raise SystemExit("depth_report.py: error: none of the studies is there")
     depths = dict.fromkeys(s.layers for s in found)
-    studies = [StudyRecord.merged([s for s in found if s.layers == layers]) for layers in depths]
+    studies = [StudyRecord.merged(one_study_each([s for s in found if s.layers == layers])) for layers in depths]
     test_name = next(iter(studies[0].compared[0]["test_sets"]))
     blocks += [depth_section(study) for study in studies]
     if len(studies) > 1:

@@ -143,6 +143,64 @@ def test_a_missing_study_and_missing_seeds_are_said_in_a_line(tmp_path, capsys):
     assert "18+18" not in out
 
 
+def test_the_depth_study_is_found_among_the_committed_records():
+    """No list to extend (issue 98): the studies trained on the recipe's schedule in float32 and
+    scored on validation are found; the bf16 one, the published recipe, the 10-epoch post-ln sweep
+    and the first 4+4 study (no validation BLEU) are not."""
+    found = {p.path.name for p in load_script("depth_report", STUDIES).depth_studies(RESULTS)}
+    named = "cpu-quality-{}-multi30k-en-de.json".format
+    assert {named(n) for n in ("lr-sweep", "deepnorm-4", "depth-12", "depth-18", "depth-18-pre-ln-realformer")} <= found
+    assert not {"cpu-quality-multi30k-en-de.json", "cpu-quality-multi30k-en-de-bf16.json"} & found
+    assert not {"cpu-quality-multi30k-en-de-published.json", named("lr-sweep-post-ln")} & found
+
+
+def test_a_new_study_joins_its_depth_and_a_variant_comes_from_the_study_with_most_rates(tmp_path):
+    """A study written into the results folder is found by what it trained, with no edit of the
+    report; one that trained a variant at one rate beside a sweep of it (stage 8's Pre-LN beside the
+    4+4 sweep's) adds its other variants only, and one that adds none is not a part."""
+    depth_report = load_script("depth_report", STUDIES)
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def put(name, layers, bleu, rates=(2e-3,), validated=True, **settings):
+        path = _study(
+            tmp_path / name, layers, bleu, **{"preset": "cpu", "epochs": 20, "warmup": 400, "seeds": [1], **settings}
+        )
+        study = json.loads(path.read_text())
+        study["runs"] = [{**run, "lr": lr} for lr in rates for run in study["runs"]]
+        if len(rates) > 1:
+            study["settings"]["lrs"] = list(rates)
+        if not validated:
+            study["runs"] = [{k: v for k, v in run.items() if k != "val"} for run in study["runs"]]
+        (results / f"cpu-quality-{name}-multi30k-en-de.json").write_text(json.dumps(study))
+
+    put("sweep", 4, {"pre-ln": {1: 36.0}, "admin": {1: 37.0}}, rates=(2e-3, 4e-3))
+    put("streams", 4, {"pre-ln": {1: 35.0}, "pre-ln-hyper-connections": {1: 36.5}}, rates=(4e-3,))
+    put("admin-again", 4, {"admin": {1: 30.0}})
+    put("deep", 18, {"pre-ln": {1: 35.0}})
+    put("deep-longer-warm-up", 18, {"pre-ln": {1: 34.0}}, warmup=1600)
+    put("bf16", 4, {"pre-ln": {1: 36.0}}, bf16=True)
+    put("shorter", 4, {"pre-ln": {1: 36.0}}, epochs=10)
+    put("unvalidated", 4, {"realformer-sum": {1: 36.0}}, validated=False)
+    found = depth_report.depth_studies(results, tmp_path)
+    names = [p.path.name.removeprefix("cpu-quality-").removesuffix("-multi30k-en-de.json") for p in found]
+    assert names == ["sweep", "admin-again", "deep", "streams", "deep-longer-warm-up"]  # another warm-up last
+
+    four = depth_report.one_study_each([p for p in found if p.layers == 4])
+    assert [(p.path.name.split("-")[2], p.settings["variants"]) for p in four] == [
+        ("sweep", ["pre-ln", "admin"]),
+        ("streams", ["pre-ln-hyper-connections"]),
+    ]
+    merged = StudyRecord.merged(four)
+    assert sorted((r["variant"], r["test_sets"][TEST_SET]["sacrebleu"]) for r in merged.compared) == [
+        ("admin", 37.0),
+        ("pre-ln", 36.0),
+        ("pre-ln-hyper-connections", 36.5),
+    ]
+    eighteen = StudyRecord.merged(depth_report.one_study_each([p for p in found if p.layers == 18]))
+    assert eighteen.settings["variants"] == ["pre-ln", "pre-ln, warm-up 1600"]
+
+
 def test_the_figure_names_every_machine_the_studies_ran_on():
     depth_report = load_script("depth_report", STUDIES)
     what = "Multi30k en→de test_2016_flickr, d=128; AMD EPYC VM, 2 cores; float32"
