@@ -100,11 +100,14 @@ def test_a_study_stopped_in_one_clone_ends_in_a_fresh_one_as_an_uninterrupted_ru
     found, stop = {}, threading.Event()
     watcher = threading.Thread(target=training_environment, args=(run_dir, found, stop), daemon=True)
     watcher.start()
-    for _ in range(6000):  # fairseq logs "Saved checkpoint" once the checkpoint is written in full
+    # fairseq logs "Saved checkpoint" once the checkpoint is written in full; on a loaded machine the
+    # data and the first epochs take minutes (a fixed 2 minutes stopped it before it trained)
+    deadline, saved = time.monotonic() + 900, None
+    while not saved and first.poll() is None and time.monotonic() < deadline:
         log = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
-        if re.search(r"Saved checkpoint .*checkpoint2\.pt", log) or first.poll() is not None:
-            break
+        saved = re.search(r"Saved checkpoint .*checkpoint2\.pt", log)
         time.sleep(0.02)
+    assert saved, f"no checkpoint2.pt saved: {first.poll()=}, after {900 - (deadline - time.monotonic()):.0f} s"
     first.send_signal(signal.SIGTERM)
     stopped = first.communicate(timeout=120)[0]
     stop.set()
