@@ -67,3 +67,15 @@ def test_every_relative_link_in_the_docs_resolves():
                     broken.append(f"{where}: no such heading in {dest.name}")
                 checked += 1
     assert checked > 50 and not broken, "\n".join(broken)
+
+
+def test_no_page_holds_a_merges_conflict_markers():
+    # A merge resolved by hand once left its markers in studies/STUDY.md, and no link broke.
+    marker = re.compile(r"^(<{7} |={7}$|>{7} )")
+    found = [
+        f"{page.relative_to(REPO)}:{number}"
+        for page in pages()
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if marker.match(line)
+    ]
+    assert not found, f"conflict markers left by a merge: {found}"
