@@ -5,7 +5,7 @@ with them.
 Why: a training's vocabulary-sized tensors (~130 MB at 4,096 tokens × 8k pieces) lie above glibc's
 mmap threshold, so every update maps them again and the kernel zero-fills every page. With the three
 settings below the heap keeps them: the study's 18+18 model trains ~1.35x faster on a 2-core Zen 4
-with the same losses (issue 100; benchmarks/allocator.py measures it). The trap: any one of them set
+with the same losses (issue 100; benchmarks/allocator_speed.py measures it). The trap: any one of them set
 alone turns off glibc's dynamic mmap threshold, and the trim threshold alone halves the speed. So
 they are set together or not at all; a setting the user has already made is left as it is.
 
