@@ -28,8 +28,9 @@
 #      then seeds 2 and 3 at the better on validation BLEU. Float32, after stage 6.
 #   8. the residual-stream methods (issue 97) at 4+4 on Pre-LN, their papers' backbone: Hyper-Connections
 #      and mHC (4 streams) and DenseFormer (1x1), at 4e-3 (Pre-LN's best 4+4 rate in stage 1), seed 1,
-#      beside Pre-LN itself trained again by the same code. Float32, independent of stages 6-7. The three
-#      methods train first (Pre-LN's own 4+4 runs are committed), DenseFormer, the cheapest, beside the first.
+#      beside Pre-LN itself trained again by the same code. Float32, independent of stages 6-7. DenseFormer
+#      (about Pre-LN's cost) and Hyper-Connections train first, then Pre-LN, then mHC (~0.4x Pre-LN's
+#      words/s, more than a session on the 2-core EPYC): the runs that end within a session come first.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 # --jobs N trains N runs side by side, one thread each; --jobs 1, one on every core. On the 2-core
 # AMD EPYC VM an 18+18 run makes ~950 tokens/s alone and ~660 beside another (2026-12-02): --jobs 2
@@ -130,7 +131,7 @@ fi
 if stage 8; then
 say "8/8 the residual-stream methods at 4+4 beside Pre-LN in $out/residual-streams-4"
 nice -n 19 "$py" "$root/studies/quality.py" --preset cpu --lr 4e-3 --seeds 1 --jobs "$jobs" --out "$out/residual-streams-4" \
-  --variants pre-ln-denseformer,pre-ln-hyper-connections,pre-ln-mhc,pre-ln --machine "$machine" \
+  --variants pre-ln-denseformer,pre-ln-hyper-connections,pre-ln,pre-ln-mhc --machine "$machine" \
   --json "$results/cpu-quality-residual-streams-4-multi30k-en-de.json"
 fi
 say "done"

