@@ -100,6 +100,11 @@ def parse_args(argv=None):
         "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold",
     )
     p.add_argument(
+        "--saved-only",
+        action="store_true",
+        help="with --saved-activations: count the saved bytes only, with no timed steps (minutes, not an hour)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="count the CUDA kernels of one training step per variant (torch.profiler; none on a CPU) "
@@ -137,6 +142,8 @@ def parse_args(argv=None):
         p.error(
             f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)} (any may end in {COMPILED})"
         )
+    if args.saved_only and not args.saved_activations:
+        p.error("--saved-only counts what --saved-activations DTYPE asks for: give both")
     if args.dtype != "fp32" and not gpu:
         p.error("--dtype fp16/bf16 needs a GPU (--device cuda)")
     default_tokens = 4096 if gpu else 512 if args.quick else 1024
@@ -257,6 +264,9 @@ def main():
             variant, size, length = probe
             print(measure(args, variant, size, int(length)))
             return
+    if args.saved_only:
+        write_results(args, [], count_saved_activations(args), [], Budget(args.budget))
+        return
     # the question first: the baseline and the next variant given (the GPU command: the compiled
     # RealFormer) at the first cell; then the other variants; then each larger batch, size, length
     cells = [
