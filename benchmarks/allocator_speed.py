@@ -12,17 +12,22 @@ Words/s: fairseq's `wps` of every logged interval but the first (warm-up), their
 Peak memory: the fairseq-train process's peak resident set (ru_maxrss), its model and data included.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.allocator_speed", *sys.argv[1:]], env)
+
 import argparse
 import os
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-import bench
-from bench import say
-
+from benchmarks import bench
+from benchmarks.bench import say
 from common import allocator, fairseq_log
 from common.host import host
 from common.presets import PRESETS

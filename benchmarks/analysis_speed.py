@@ -15,18 +15,24 @@ median of each and the medians of the per-repeat ratios analysis / forward and a
     python benchmarks/analysis_speed.py DATA_BIN --checkpoints CKPT --max-sentences 1000 --cpu
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.analysis_speed", *sys.argv[1:]], env)
+
 import argparse
 import json
 import os
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-from bench import timed
-
+from benchmarks.bench import timed
 from common.host import cpu_model
 from common.repo import quiet_logging
 from fairseq_realformer.analysis import cli

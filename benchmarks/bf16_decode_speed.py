@@ -1,29 +1,50 @@
 """bf16 against float32 for beam decoding alone, in one process, without data or training (what
-``bf16_speed.py --decode-only`` runs, with its flags): each model of bf16_speed.MODELS with random
-weights (bench.build; ω profiled on one random batch, as speed.py's), a dictionary of Multi30k's
-size (DECODE_VOCAB), --gen-sentences random sources of 8-20 tokens (Multi30k's test sentences
-average 12 words) translated as one batch (64: fairseq-generate's --batch-size) with beam 5 by
-fairseq's SequenceGenerator, every hypothesis forced to 24 tokens, --repeats times in float32 and
-under the bf16 autocast (``precision.autocast``, as fairseq-generate --bf16 runs), alternating and
-swapping the order each repeat, so that a busy machine slows both alike. It reports each
-precision's median sentences/s and the median (and range) of the per-repeat ratios bf16 / float32.
+``bf16_speed.py --decode-only`` runs, with its flags): each model of MODELS (bf16_speed.py's models,
+defined here) with random weights (bench.build; ω profiled on one random batch, as speed.py's), a
+dictionary of Multi30k's size (DECODE_VOCAB), --gen-sentences random sources of 8-20 tokens
+(Multi30k's test sentences average 12 words) translated as one batch (64: fairseq-generate's
+--batch-size) with beam 5 by fairseq's SequenceGenerator, every hypothesis forced to 24 tokens,
+--repeats times in float32 and under the bf16 autocast (``precision.autocast``, as fairseq-generate
+--bf16 runs), alternating and swapping the order each repeat, so that a busy machine slows both
+alike. It reports each precision's median sentences/s and the median (and range) of the per-repeat
+ratios bf16 / float32.
 
     python benchmarks/bf16_decode_speed.py --threads 1 --repeats 21 --gen-sentences 64 \\
         --models small-transformer,small-realformer
+
+bf16_speed.py imports this module (its models, the forced length, the measurement), never the other
+way: this command hands its arguments to bf16_speed.py's, with ``--decode-only``.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.bf16_decode_speed", *sys.argv[1:]], env)
+
 import contextlib
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-import bench
-import bf16_speed
-from bench import say
-from bf16_speed import GEN_LENGTH, MODELS
+from benchmarks import bench
+from benchmarks.bench import say
+from common.presets import PRESETS
+from common.repo import VARIANTS
 
+SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
+MODELS = {  # bf16_speed.py's --models
+    "wmt-transformer": ("--arch", "transformer_wmt_en_de", "--max-tokens", "2048"),
+    "wmt-realformer": ("--arch", "realformer_wmt_en_de", "--max-tokens", "2048"),
+    "small-transformer": ("--arch", "transformer", *SMALL, "--max-tokens", "4096"),
+    "small-realformer": ("--arch", "realformer_iwslt_de_en", *SMALL, *VARIANTS["realformer"], "--max-tokens", "4096"),
+}
+GEN_LENGTH = 24  # every hypothesis: about a Multi30k sentence's length in pieces
 DECODE_VOCAB = 7792  # the joint sentencepiece dictionary of Multi30k (examples/multi30k/run.sh), specials included
 
 
@@ -108,26 +129,16 @@ def report(results):
     return "\n".join(rows)
 
 
-def measure_all(args, argv):
-    """Every --models' decoding, the table, and --json."""
+def measure_all(args):
+    """Every --models' decoding and the table: the results, which bf16_speed.py writes to --json."""
     import torch
 
     torch.set_num_threads(args.threads)
     results = {model: decode_speed(args, model) for model in args.models}
     print(report(results), flush=True)
-    if args.json:
-        bf16_speed.write_json(
-            args,
-            argv,
-            "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: random weights "
-            "and sources, every hypothesis forced to the same length (bf16_speed.py --decode-only)",
-            repeats=args.repeats,
-            gen_sentences=args.gen_sentences,
-            gen_length=GEN_LENGTH,
-            vocabulary=DECODE_VOCAB,
-            results=results,
-        )
+    return results
 
 
-if __name__ == "__main__":
-    measure_all(bf16_speed.parse_args([*sys.argv[1:], "--decode-only"]), [*sys.argv[1:], "--decode-only"])
+if __name__ == "__main__":  # bf16_speed.py --decode-only: its flags, and the command its JSON names
+    bf16_speed = str(Path(__file__).with_name("bf16_speed.py"))
+    os.execv(sys.executable, [sys.executable, bf16_speed, *sys.argv[1:], "--decode-only"])

@@ -6,7 +6,7 @@ side on this machine (float32 and bf16 alternate, each repeat in a fresh process
     python benchmarks/bf16_speed.py --quick          # a minute: proves it runs
     python benchmarks/bf16_speed.py --decode-only --threads 1 --models small-transformer,small-realformer
 
-Models (``--models``):
+Models (``--models``; bf16_decode_speed.MODELS):
   wmt-transformer   fairseq's transformer_wmt_en_de, 6L-6L, d=512 (FFN 2048, 8 heads)
   wmt-realformer    realformer_wmt_en_de (RealFormer on ADMIN, all paths, running mean), 6L-6L, d=512
   small-transformer fairseq's transformer at the quality study's size: 4+4, d=128, FFN 256, 4 heads
@@ -25,6 +25,15 @@ same steps.
 benchmarks/bf16_decode_speed.py.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.bf16_speed", *sys.argv[1:]], env)
+
 import argparse
 import json
 import os
@@ -34,26 +43,15 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-import bench
-from bench import say
-
+from benchmarks import bench, bf16_decode_speed
+from benchmarks.bench import say
+from benchmarks.bf16_decode_speed import DECODE_VOCAB, GEN_LENGTH, MODELS
 from common import allocator
 from common.host import host
-from common.presets import PRESETS
-from common.repo import MULTI30K, USER_DIR, VARIANTS, VENV
+from common.repo import MULTI30K, USER_DIR, VENV
 from common.repo import header as result_header
 
-SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
-MODELS = {
-    "wmt-transformer": ("--arch", "transformer_wmt_en_de", "--max-tokens", "2048"),
-    "wmt-realformer": ("--arch", "realformer_wmt_en_de", "--max-tokens", "2048"),
-    "small-transformer": ("--arch", "transformer", *SMALL, "--max-tokens", "4096"),
-    "small-realformer": ("--arch", "realformer_iwslt_de_en", *SMALL, *VARIANTS["realformer"], "--max-tokens", "4096"),
-}
 TEST_SENTENCES = 1000  # test_2016_flickr
-GEN_LENGTH = 24  # every hypothesis: about a Multi30k sentence's length in pieces
 TRAIN = (
     "--user-dir",
     str(USER_DIR),
@@ -202,9 +200,20 @@ def write_json(args, argv, what, **fields):
 def main(argv=None):
     args = parse_args(argv)
     if args.decode_only:
-        import bf16_decode_speed
-
-        return bf16_decode_speed.measure_all(args, argv)
+        results = bf16_decode_speed.measure_all(args)
+        if args.json:
+            write_json(
+                args,
+                argv,
+                "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: random weights "
+                "and sources, every hypothesis forced to the same length (bf16_speed.py --decode-only)",
+                repeats=args.repeats,
+                gen_sentences=args.gen_sentences,
+                gen_length=GEN_LENGTH,
+                vocabulary=DECODE_VOCAB,
+                results=results,
+            )
+        return
     data = bench.prepare_multi30k(args.data, args.out, "bf16-speed")
     results = {model: measure(args, data, model) for model in args.models}
     print(report(results), flush=True)

@@ -18,6 +18,15 @@ examples/multi30k/run.sh --prepare-only), for ``--epochs`` epochs with validatio
         --json benchmarks/results/cpu-compiled-train-multi30k.json    # the quality study's 4+4 model
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.compiled_train", *sys.argv[1:]], env)
+
 import argparse
 import os
 import shlex
@@ -28,11 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
 import torch
-from bench import run_logged, say, train_log, write_json
 
+from benchmarks.bench import run_logged, say, train_log, write_json
 from common import allocator, fairseq_log
 from common.host import host
 from common.presets import PRESETS

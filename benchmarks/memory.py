@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import torch
-from bench import DTYPES, SIZES, Bench, batch, build
+
+from benchmarks.bench import DTYPES, SIZES, Bench, batch, build
 
 SPEED = Path(__file__).with_name("speed.py")  # the fresh process: speed.py's probe options
 

@@ -42,6 +42,15 @@ the device's busy time in that step, against the timed step's length: a step the
 only part of waits on the host, and fewer kernels (or less Python) are what make it faster.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.speed", *sys.argv[1:]], env)
+
 import argparse
 import gc
 import json
@@ -53,14 +62,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
-from bench import BASELINE, COMPILED, DTYPES, SIZES, VARIANTS, Bench, known_variant, say, timed, write_json
-from budget import Budget, Cell, Expected, run
-from cuda_profile import cuda_kernels_of_a_training_step
-from memory import count_saved_activations, peak_memory, peak_memory_probe, saved_for_backward_bytes
-from speed_report import device_name, machine, report, short_table
-
+from benchmarks.bench import BASELINE, COMPILED, DTYPES, SIZES, VARIANTS, Bench, known_variant, say, timed, write_json
+from benchmarks.budget import Budget, Cell, Expected, run
+from benchmarks.cuda_profile import cuda_kernels_of_a_training_step
+from benchmarks.memory import count_saved_activations, peak_memory, peak_memory_probe, saved_for_backward_bytes
+from benchmarks.speed_report import device_name, machine, report, short_table
 from common.repo import import_fairseq_quietly
 
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"

@@ -3,8 +3,8 @@ cell (the ratio of the medians, and the median of the per-repeat paired ratios),
 table a GPU run ends with."""
 
 import torch
-from bench import BASELINE, COMPILED, PRECISIONS
 
+from benchmarks.bench import BASELINE, COMPILED, PRECISIONS
 from common.host import cpu_model, host
 
 

@@ -49,6 +49,15 @@ budget.py); the JSON is written after every one, so a stopped run keeps what it 
     python benchmarks/train_update.py --summary benchmarks/results/cpu-train-update-ops.json
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.train_update", *sys.argv[1:]], env)
+
 import argparse
 import collections
 import contextlib
@@ -63,12 +72,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: common/, shared with studies/
 import torch
-from bench import run_logged, say, train_log, write_json
-from budget import MARGIN, Budget, Cell, Expected
 
+from benchmarks.bench import run_logged, say, train_log, write_json
+from benchmarks.budget import MARGIN, Budget, Cell, Expected
 from common.host import host
 from common.repo import USER_DIR, VARIANTS
 
@@ -390,7 +397,7 @@ def parse_args(argv=None):
 
 def prepare(args, work):
     """The binarised data (compiled_train.py's: the toy corpus of 20,000 pairs, or Multi30k)."""
-    from compiled_train import prepare as prepare_data
+    from benchmarks.compiled_train import prepare as prepare_data
 
     return prepare_data(SimpleNamespace(data=args.data, tiny=False), work)
 

@@ -3,4 +3,4 @@ the checkout's paths, variants (with fairseq's own Transformer) and where run fo
 the JSON header (repo.write_result), the machine's name and processor generation (host), a CPU
 training's allocator settings (allocator), fairseq's log reader (fairseq_log), the models and
 schedules trained (presets) and the Multi30k arguments (multi30k_args). Nothing here imports
-either side."""
+either side: it may import the plugin, the standard library and torch alone."""

@@ -4,7 +4,6 @@ the package would import fairseq, and speed.py's memory probes measure from befo
 
 import os
 import runpy
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +92,3 @@ def work_folder(path) -> Path:
     path = Path(os.path.abspath(os.path.expanduser(path)))
     inside = path.relative_to(REPO / "runs") if path.is_relative_to(REPO / "runs") else None
     return RUNS / inside if inside is not None else path
-
-
-if str(REPO) not in sys.path:  # the plugin of this checkout, also when it is not installed
-    sys.path.insert(0, str(REPO))

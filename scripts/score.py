@@ -395,6 +395,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # Run from a checkout without installing: the repository's plugin is the fallback.
-    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

@@ -1,6 +1,6 @@
 """The translation-quality studies: Multi30k trainings of the plugin's variants, seeds and learning
 rates, scored, compared and drawn. `python studies/quality.py --help` is where to start; STUDY.md
-is what they found.
+is what they found. They may import the plugin and common/, never benchmarks/.
 
     quality.py       the command line: a study's settings from its flags, then train and report
     study.py         a Study (the plan: its runs' settings and folders) and its StudyRecord (the runs

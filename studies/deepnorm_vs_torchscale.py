@@ -43,6 +43,15 @@ the test suite's fairseq-train processes (tests/test_fast_update.py) aborted at 
 called without an active exception", 6 errors; 9 passed once it was uninstalled, 2026-12-01).
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.deepnorm_vs_torchscale", *sys.argv[1:]], env)
+
 import argparse
 import math
 import os
@@ -54,7 +63,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.host import host
 from common.presets import PRESETS
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative, write_result

@@ -22,6 +22,15 @@ A study not there yet, or seeds its settings ask for that are not in, are said i
 references are the JSON's paths, or the file of that name in --data.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.depth_report", *sys.argv[1:]], env)
+
 import argparse
 import re
 import statistics
@@ -29,7 +38,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.presets import PRESETS
 from common.repo import MULTI30K, REPO, repo_relative
 from studies import scoring, tables

@@ -24,6 +24,15 @@ merge the table records already is not trained again, wherever --out is.
         --add-to studies/results/cpu-depth-stability-lr3e-3.json
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.depth_stability", *sys.argv[1:]], env)
+
 import argparse
 import datetime
 import json
@@ -36,7 +45,6 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common import allocator, fairseq_log, multi30k_args
 from common.host import host
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, commit, import_fairseq_quietly, work_folder

@@ -14,6 +14,15 @@ smoothing included) over every sentence of --subset. With dropout on, the masks 
 --seed, so a re-run prints the same numbers.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.dropout_gap", *sys.argv[1:]], env)
+
 import argparse
 import json
 import math
@@ -21,7 +30,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load
 
 PROG = "dropout_gap.py"

@@ -43,13 +43,21 @@ clone resumes it); on a CPU every training gets glibc's allocator settings of co
 (~1.35x faster, the same numbers), or none with REALFORMER_MALLOC=off.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.quality", *sys.argv[1:]], env)
+
 import argparse
 import dataclasses
 import sys
 from collections import namedtuple
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common import multi30k_args
 from common.host import host
 from common.presets import PRESETS

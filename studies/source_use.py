@@ -22,6 +22,15 @@ architecture freshly initialised from the checkpoint's seed, as fairseq-train bu
 collapse the model learned from one it was built with.
 """
 
+if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
+    os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.source_use", *sys.argv[1:]], env)
+
 import argparse
 import datetime
 import json
@@ -31,7 +40,6 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: common/ and studies/
 from common.host import host
 from common.repo import STOCK, VARIANTS, commit, repo_relative
 from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load

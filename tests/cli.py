@@ -92,11 +92,12 @@ def run(program, *args, cwd=REPO, stdin=None, check=True, timeout=900, env=None)
     return result
 
 
-def load_script(name, folder=SCRIPTS):
-    """scripts/NAME.py (or FOLDER/NAME.py) as a module, to call its main in-process."""
-    if str(folder) not in sys.path:  # as when run as a file: its folder's modules import
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(name, Path(folder) / f"{name}.py")
+def load_script(name):
+    """scripts/NAME.py as a module, to call its main in-process (benchmarks/ and studies/ are
+    packages: their modules are imported as such)."""
+    if str(SCRIPTS) not in sys.path:  # as when run as a file: scripts/ is no package, its modules import each other
+        sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -6,10 +6,10 @@ import json
 import statistics
 from pathlib import Path
 
+from studies import depth_report
 from studies.figures import variant_colours
 from studies.study import StudyRecord
 
-from .cli import STUDIES, load_script
 from .helpers import REPO
 
 RESULTS = Path(REPO) / "studies" / "results"
@@ -17,7 +17,7 @@ TEST_SET = "test_2016_flickr"
 
 
 def _report(capsys, *argv):
-    load_script("depth_report", STUDIES).main([str(a) for a in argv])
+    depth_report.main([str(a) for a in argv])
     return capsys.readouterr().out
 
 
@@ -147,7 +147,7 @@ def test_the_depth_study_is_found_among_the_committed_records():
     """No list to extend (issue 98): the studies trained on the recipe's schedule in float32 and
     scored on validation are found; the bf16 one, the published recipe, the 10-epoch post-ln sweep
     and the first 4+4 study (no validation BLEU) are not."""
-    found = {p.path.name for p in load_script("depth_report", STUDIES).depth_studies(RESULTS)}
+    found = {p.path.name for p in depth_report.depth_studies(RESULTS)}
     named = "cpu-quality-{}-multi30k-en-de.json".format
     assert {named(n) for n in ("lr-sweep", "deepnorm-4", "depth-12", "depth-18", "depth-18-pre-ln-realformer")} <= found
     assert not {"cpu-quality-multi30k-en-de.json", "cpu-quality-multi30k-en-de-bf16.json"} & found
@@ -158,7 +158,6 @@ def test_a_new_study_joins_its_depth_and_a_variant_comes_from_the_study_with_mos
     """A study written into the results folder is found by what it trained, with no edit of the
     report; one that trained a variant at one rate beside a sweep of it (stage 8's Pre-LN beside the
     4+4 sweep's) adds its other variants only, and one that adds none is not a part."""
-    depth_report = load_script("depth_report", STUDIES)
     results = tmp_path / "results"
     results.mkdir()
 
@@ -202,7 +201,6 @@ def test_a_new_study_joins_its_depth_and_a_variant_comes_from_the_study_with_mos
 
 
 def test_the_figure_names_every_machine_the_studies_ran_on():
-    depth_report = load_script("depth_report", STUDIES)
     what = "Multi30k en→de test_2016_flickr, d=128; AMD EPYC VM, 2 cores; float32"
 
     def study(layers, machine):
@@ -254,7 +252,6 @@ def test_a_study_of_the_same_depth_with_another_warm_up_is_its_own_variant_not_m
     out = _report(capsys, *studies, "--figure", tmp_path / "depth.png")
     assert f"| deepnorm | 1,2,3 | {_mean_cell([2.0, 3.0, 36.0])} |" in out
     assert f"| deepnorm, warm-up 1600 | 1,2,3 | {_mean_cell([35.0, 36.0, 37.0])} |" in out
-    depth_report = load_script("depth_report", STUDIES)
     merged = StudyRecord.merged([depth_report.load(path, tmp_path) for path in studies])
     lines = {variant: found for variant, [(_, found, _)], _ in depth_report.figure_lines([merged], TEST_SET)}
     assert lines == {"pre-ln": [37.0, 38.0, 39.0], "deepnorm": [36.0], "deepnorm, warm-up 1600": [35.0, 36.0, 37.0]}
@@ -263,7 +260,6 @@ def test_a_study_of_the_same_depth_with_another_warm_up_is_its_own_variant_not_m
 def test_the_figure_names_a_variant_that_trained_at_no_depth(tmp_path):
     """A variant run only where it failed (DeepNorm before its 4+4 run, issue 69): the depth figure
     draws no point of it but names it in the legend, as it names the depths where another failed."""
-    depth_report = load_script("depth_report", STUDIES)
     shallow = {"post-ln": {1: 36.0, 2: 37.0}, "admin": {1: 37.0, 2: 38.0}}
     deep = {"post-ln": {1: 1.5, 2: 2.5}, "admin": {1: 35.0, 2: 34.0}, "deepnorm": {1: 2.0, 2: 2.6}}
     studies = [
@@ -281,7 +277,6 @@ def test_a_seed_that_did_not_train_is_named_not_drawn_nor_averaged_into_the_draw
     """DeepNorm at 18+18 (issue 69): two seeds fail to learn, one trains. The trained seed is drawn;
     the failed two are named in the legend with the mean over all three, and no mean is drawn at
     that depth (a mean of 2 and 34 stands for no run), while its 4+4 mean still is."""
-    depth_report = load_script("depth_report", STUDIES)
     shallow = {"admin": {1: 37.0, 2: 38.0}, "deepnorm": {1: 35.0, 2: 36.0}}
     deep = {"admin": {1: 35.0, 2: 34.0, 3: 36.0}, "deepnorm": {1: 2.35, 2: 1.56, 3: 34.0}}
     studies = [
@@ -300,7 +295,6 @@ def test_the_figure_says_which_dots_are_at_the_one_rate_a_variant_ran(tmp_path):
     only (DeepNorm's 4+4 probe, issue 69) is named with that rate, also inside a depth made of two
     studies. Variants swept over two rates are not, nor one with the first of its rates in (issue 86:
     pre-ln-realformer's 2e-3 run came first; its dot is not drawn until its rate is chosen)."""
-    depth_report = load_script("depth_report", STUDIES)
     sweep_path = _study(tmp_path / "a", 4, {"admin": {1: 37.0}, "pre-ln": {1: 36.0}})
     sweep = json.loads(sweep_path.read_text())
     sweep["runs"] += [{**run, "lr": 4e-3} for run in sweep["runs"]]

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from .cli import STUDIES, cli_error, load_script
+from studies import depth_stability
+
+from .cli import STUDIES, cli_error
 
 RESULTS = STUDIES / "results"
 
@@ -25,12 +27,11 @@ def _run(variant, valid_loss, wall_s=100.0):
 
 
 @pytest.fixture
-def depth(tmp_path):
+def depth(tmp_path, monkeypatch):
     (tmp_path / "multi30k").mkdir()
     (tmp_path / "multi30k" / "train.en.gz").touch()  # enough for the --data check; nothing trains
-    module = load_script("depth_stability", STUDIES)
-    module.data = tmp_path / "multi30k"
-    return module
+    monkeypatch.setattr(depth_stability, "data", tmp_path / "multi30k", raising=False)  # one module for all tests
+    return depth_stability
 
 
 def _settings(depth, *argv):

@@ -7,13 +7,14 @@ import shutil
 
 import pytest
 
-from .cli import STUDIES, cli_error, load_script, run
+from studies import dropout_gap as gap
+
+from .cli import cli_error, run
 from .helpers import USER_DIR
 from .test_compat import FIXTURES
 
 CHECKPOINT = FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"  # 200 updates, 2+2 layers, dropout on
 DATA = FIXTURES / "bin"
-gap = load_script("dropout_gap", STUDIES)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from common import repo
 from studies import quality, recipe, tables
 from studies import study as study_module
 
-from .cli import SCRIPTS, load_script, run
+from .cli import load_script, run
 from .helpers import REPO
 
 PREPARE = Path(REPO) / "examples" / "multi30k" / "prepare-lc-bpe.sh"
@@ -145,7 +145,7 @@ def test_score_py_gives_multi_bleus_number_and_case_insensitive_sacrebleu(tmp_pa
     tokenized.write_text("ein mann fährt fahrrad .\nzwei hunde spielen im schnee .\n", encoding="utf-8")
     hypotheses = tmp_path / "hyp.de"
     hypotheses.write_text("ein mann fährt rad.\nzwei hunde spielen im schnee.\n", encoding="utf-8")
-    score = load_script("score", SCRIPTS)
+    score = load_script("score")
     out = tmp_path / "out"
     argv = ["--hypotheses", hypotheses, "--reference", reference, "--source-lang", "en", "--target-lang", "de"]
     argv += ["--tokenized-reference", tokenized, "--tokenized-bleu", "plain", "--lowercase", "--output-dir", out]

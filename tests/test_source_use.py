@@ -9,12 +9,13 @@ import shutil
 import pytest
 import torch
 
-from .cli import REPO, STUDIES, cli_error, load_script
+from studies import source_use as use
+
+from .cli import REPO, STUDIES, cli_error
 from .test_compat import FIXTURES
 
 CHECKPOINT = FIXTURES / "ckpt-pre-ln" / "checkpoint_last.pt"  # 200 updates of the toy pair, 2+2 layers
 DATA = FIXTURES / "bin"
-use = load_script("source_use", STUDIES)
 
 
 @pytest.fixture()

@@ -4,13 +4,10 @@ the budget, and skip (with the reason in the JSON) what it cannot finish, instea
 in the middle of it."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import budget
+from benchmarks import budget
 
 VARIANTS = ["fairseq", "realformer+compiled", "realformer", "fairseq+compiled", "admin", "admin+compiled"]
 CELLS = [budget.Cell("6L-6L", 6, 30, 4096), budget.Cell("6L-6L", 6, 30, 16384), budget.Cell("18L-18L", 18, 30, 4096)]

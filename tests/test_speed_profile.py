@@ -1,13 +1,7 @@
 """What the GPU run reads from its profile (benchmarks/speed.py --profile): the device's busy time
 and its share of a training step. Pure arithmetic on spans, so it is tested here without a GPU."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench
-import cuda_profile
-import speed_report
+from benchmarks import bench, cuda_profile, speed_report
 
 
 def test_busy_time_is_the_union_of_kernel_spans():

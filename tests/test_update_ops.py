@@ -8,15 +8,13 @@ what the trainer calls), run here in-process on the toy fixture: 2+2 and 4+4 lay
 A regression that brings back a per-tensor loop fails twice: the fast path's counts stop being
 the same at both depths, and its totals pass today's counts by more than ``MARGIN``."""
 
-from pathlib import Path
-
 import pytest
 
-from .cli import OPTIMIZE, TINY, load_script
-from .helpers import REPO, USER_DIR
-from .test_compat import FIXTURES
+from benchmarks import train_update
 
-train_update = load_script("train_update", Path(REPO) / "benchmarks")
+from .cli import OPTIMIZE, TINY
+from .helpers import USER_DIR
+from .test_compat import FIXTURES
 
 RUN_SECONDS = 15  # four in-process fairseq-train runs of 2 updates (tests/conftest.py)
 COUNTED = 2  # the second update: the first also creates Adam's state (zeros_like a tensor)
