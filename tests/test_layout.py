@@ -79,3 +79,79 @@ def test_only_the_package_itself_imports_the_patches():
 def test_the_errors_import_nothing_of_the_plugin():
     """Every part may name a flag or a file in one line: ``errors`` sits under them all."""
     assert plugin_imports(PACKAGE / "errors.py") == set()
+
+
+# --- the harness: benchmarks/, studies/ and common/ -------------------------------------------------------
+
+CHECKOUT = PACKAGE.parent
+HARNESS = ("benchmarks", "studies", "common")
+# the harness packages each may import (and the plugin, and itself)
+HARNESS_MAY_IMPORT = {"common": set(), "benchmarks": {"common"}, "studies": {"common"}}
+
+
+def harness_imports(path: Path):
+    """The harness modules (``benchmarks.bench``, ``common.repo``, ...) that the module at *path*
+    imports, as dotted names; a package import's names count as its modules where they are files."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found.update(
+            n for n in names if n.split(".")[0] in HARNESS and (CHECKOUT / f"{n.replace('.', '/')}.py").is_file()
+        )
+    return found
+
+
+def harness_modules():
+    return {
+        ".".join(p.relative_to(CHECKOUT).with_suffix("").parts): p for h in HARNESS for p in (CHECKOUT / h).glob("*.py")
+    }
+
+
+def test_the_harness_is_packages_without_path_changes():
+    """benchmarks/, studies/ and common/ import each other through their packages: no module of
+    the checkout outside tests/ changes sys.path, and none imports a sibling as a top-level module
+    (``from bench import``), which works only from its own folder."""
+    modules = harness_modules()
+    siblings = {p.stem for p in modules.values()}
+    for path in sorted(CHECKOUT.glob("[!.]*/**/*.py")):
+        relative = path.relative_to(CHECKOUT)
+        if relative.parts[0] in ("tests", "runs") or ".venv" in relative.parts:
+            continue
+        source = path.read_text(encoding="utf-8")
+        assert "sys.path.insert" not in source and "sys.path.append" not in source, relative
+    for folder in HARNESS:
+        assert (CHECKOUT / folder / "__init__.py").is_file(), folder
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        top |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        assert not top & siblings, f"{name} imports {top & siblings} top-level"
+
+
+def test_the_harness_imports_go_one_way():
+    """common/ under benchmarks/ and studies/, which never import each other, and no circle of
+    modules (bf16_speed.py and bf16_decode_speed.py imported each other once)."""
+    modules = harness_modules()
+    graph = {name: harness_imports(path) - {name} for name, path in modules.items()}
+    for name, imported in graph.items():
+        package = name.split(".")[0]
+        assert {i.split(".")[0] for i in imported} - {package} <= HARNESS_MAY_IMPORT[package], name
+    done, on_path = set(), []
+
+    def visit(name):
+        assert name not in on_path, "an import circle: " + " -> ".join([*on_path[on_path.index(name) :], name])
+        if name in done:
+            return
+        on_path.append(name)
+        for imported in sorted(graph.get(name, ())):
+            visit(imported)
+        on_path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)
