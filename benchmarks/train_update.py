@@ -59,8 +59,6 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.train_update", *sys.argv[1:]], env)
 
 import argparse
-import collections
-import contextlib
 import json
 import os
 import re
@@ -74,14 +72,14 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.bench import run_logged, say, train_log, write_json
+from benchmarks import compiled_train
+from benchmarks.bench import BASELINE, run_logged, say, train_log, write_json
 from benchmarks.budget import MARGIN, Budget, Cell, Expected
+from benchmarks.update_ops import child
+from benchmarks.update_report import from_json, line, report
 from common.host import host
 from common.repo import USER_DIR, VARIANTS
 
-PHASES = ("forward", "loss", "backward", "grad_norm", "optimizer", "rest")
-PHASE_NAMES = {"grad_norm": "grad norm / clip", "rest": "rest (logging, zeroing, ...)"}
-BASELINE = "fairseq"
 CONFIGS = {
     "fairseq": ["--arch", "transformer_wmt_en_de"],  # fairseq as its users have it: no --user-dir
     "realformer-fairseq-update": ["--arch", "realformer_wmt_en_de", *VARIANTS["realformer"], "--fairseq-update"],
@@ -97,221 +95,6 @@ MAX_TOKENS_PER_TARGET = {"toy": 1.04, "multi30k": 1.2}  # toy: 4,260 max tokens 
 COMPILE_GUESS_S = 120  # the first compiled run's compiling, before any was seen (budget.py)
 SETUP_GUESS_S = 60  # the first run's imports, data and updates, before any was seen
 FAST_LINE = re.compile(r"fast update: (.*)$", re.M)
-
-
-# ---------------------------------------------------------------------------------------------
-# Counting and timing inside fairseq-train (the runner; also imported by tests/test_update_ops.py)
-
-
-class Phases:
-    """Which phase of one ``train_step`` runs now, and what each phase cost: ATen ops counted
-    into the phase on top of the stack, host seconds charged to it exclusively (a phase inside
-    another, the forward inside the loss, pauses the outer one's clock). The root is ``rest``."""
-
-    def __init__(self):
-        self.stack = ["rest"]
-        self.ops = collections.Counter()  # ops that compute: no views, no profiler marks
-        self.all_ops = collections.Counter()  # every op dispatched
-        self.op_names = collections.defaultdict(collections.Counter)
-        self.seconds = collections.defaultdict(float)
-        self.mark = time.perf_counter()
-
-    def _charge(self):
-        now = time.perf_counter()
-        self.seconds[self.stack[-1]] += now - self.mark
-        self.mark = now
-
-    def enter(self, phase):
-        self._charge()
-        self.stack.append(phase)
-
-    def leave(self):
-        self._charge()
-        if len(self.stack) > 1:
-            self.stack.pop()
-
-    def finish(self):
-        self._charge()
-        return self
-
-
-def computes(func) -> bool:
-    """Whether ATen op *func* is one that does work: not a view (``view``, ``t``, ``detach``: what
-    ``p.grad.data`` dispatches), not the profiler's ``record_function`` marks around fairseq's
-    phases. ``Phases.all_ops`` counts those too."""
-    return not (func.is_view or func.overloadpacket.__name__.startswith("_record_function"))
-
-
-def op_counter(phases):
-    """A TorchDispatchMode that counts every ATen op dispatched while it is on into *phases*
-    (by phase and by op; ``computes``). Ops a multi-tensor op runs inside itself are not
-    dispatched again. A ``torch.compile``d region runs compiled under it (dynamo runs eager
-    under a mode that does not ignore compile internals), and what its compiled code dispatches
-    (inductor's extern kernels: matrix products, ...) is counted."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class OpCounter(TorchDispatchMode):
-        @classmethod
-        def ignore_compile_internals(cls):  # compiled code runs compiled: its own dispatches counted
-            return True
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            phase = phases.stack[-1]
-            phases.all_ops[phase] += 1
-            if computes(func):
-                phases.ops[phase] += 1
-                phases.op_names[phase][str(func.overloadpacket.__name__)] += 1
-            return func(*args, **(kwargs or {}))
-
-    return OpCounter()
-
-
-class Instrument:
-    """fairseq's ``Trainer.train_step`` wrapped (``with Instrument(...)``): the
-    updates in *count* run under ``op_counter``, those in *time* are timed by phase, and every
-    update's own wall time is kept. An update is numbered from 1, as fairseq's log numbers it."""
-
-    def __init__(self, count=(), time=()):
-        self.count, self.time = set(count), set(time)
-        self.counted = {}  # update -> {"ops": {phase: n}, "op_names": {phase: {op: n}}}
-        self.timed = {}  # update -> {phase: ms, "total": ms}
-        self.update_ms = {}  # update -> ms of its train_step, every update
-        self.first_step_start = self.last_step_end = None
-        self.tensors = None  # the optimizer's parameter tensors
-        self._current = None
-        self._original = None
-
-    # the phases' wrappers, installed on the trainer's own objects at its first update
-    def _wrap(self, owner, name, phase):
-        function = getattr(owner, name)
-
-        def wrapped(*args, **kwargs):
-            if self._current is None:
-                return function(*args, **kwargs)
-            self._current.enter(phase)
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self._current.leave()
-
-        setattr(owner, name, wrapped)
-
-    def _hooks(self, module, phase):
-        module.register_forward_pre_hook(lambda *_: self._current and self._current.enter(phase))
-        module.register_forward_hook(lambda *_: self._current and self._current.leave())
-
-    def _instrument(self, trainer):
-        if getattr(trainer, "_train_update_instrumented", False):
-            return
-        trainer._train_update_instrumented = True
-        optimizer = trainer.optimizer  # built now if not yet, as train_step would
-        self.tensors = len(list(optimizer.params))
-        self._hooks(trainer.criterion, "loss")
-        self._hooks(trainer.model, "forward")
-        self._wrap(optimizer, "backward", "backward")
-        self._wrap(trainer, "clip_grad_norm", "grad_norm")
-        self._wrap(trainer.task, "optimizer_step", "optimizer")
-
-    def __enter__(self):
-        import fairseq.trainer
-
-        original = self._original = fairseq.trainer.Trainer.train_step
-        instrument = self
-
-        def train_step(trainer, samples, raise_oom=False):
-            instrument._instrument(trainer)
-            update = trainer.get_num_updates() + 1
-            counting, timing = update in instrument.count, update in instrument.time
-            phases = Phases() if counting or timing else None
-            start = time.perf_counter()
-            if instrument.first_step_start is None:
-                instrument.first_step_start = start
-            instrument._current = phases
-            try:
-                with op_counter(phases) if counting else contextlib.nullcontext():
-                    return original(trainer, samples, raise_oom)
-            finally:
-                instrument._current = None
-                end = instrument.last_step_end = time.perf_counter()
-                instrument.update_ms[update] = 1e3 * (end - start)
-                if counting:
-                    instrument.counted[update] = {
-                        "ops": {p: phases.ops.get(p, 0) for p in PHASES},
-                        "all_ops": {p: phases.all_ops.get(p, 0) for p in PHASES},
-                        "op_names": {p: dict(phases.op_names[p].most_common(8)) for p in PHASES if phases.ops.get(p)},
-                    }
-                elif timing:
-                    phases.finish()
-                    instrument.timed[update] = {p: 1e3 * phases.seconds.get(p, 0.0) for p in PHASES}
-                    instrument.timed[update]["total"] = 1e3 * (end - start)
-
-        fairseq.trainer.Trainer.train_step = train_step
-        return self
-
-    def __exit__(self, *exc):
-        import fairseq.trainer
-
-        fairseq.trainer.Trainer.train_step = self._original
-
-    def summary(self):
-        """Ops per update by phase (mean over the counted updates) with their total, host ms per
-        phase (median over the timed updates), the median update's ms."""
-        result = {"tensors": self.tensors}
-        if self.counted:
-            for kind in ("ops", "all_ops"):
-                ops = {p: statistics.mean(c[kind][p] for c in self.counted.values()) for p in PHASES}
-                result[kind] = {**ops, "total": sum(ops.values())}
-            result["op_names"] = self.counted[max(self.counted)]["op_names"]
-        if self.timed:
-            result["ms"] = {p: statistics.median(t[p] for t in self.timed.values()) for p in (*PHASES, "total")}
-        result["counted_updates"] = sorted(self.counted)
-        result["timed_updates"] = sorted(self.timed)
-        result["update_ms"] = {str(u): round(ms, 3) for u, ms in sorted(self.update_ms.items())}
-        if self.first_step_start is not None:
-            result["train_s"] = self.last_step_end - self.first_step_start
-        return result
-
-
-def fairseq_train_in_process(argv, instrument):
-    """fairseq-train *argv* in this process (``fairseq_cli.train.cli_main``), under *instrument*."""
-    from fairseq_cli import train
-
-    saved = sys.argv
-    sys.argv = ["fairseq-train", *map(str, argv)]
-    try:
-        with instrument:
-            train.cli_main()
-    finally:
-        sys.argv = saved
-    return instrument.summary()
-
-
-def child(spec_path):
-    """The runner: one fairseq-train run as the spec (JSON) says; its measurements into the spec's
-    ``out``. fairseq's baseline (no --user-dir) never imports the plugin."""
-    import resource
-
-    spec = json.loads(Path(spec_path).read_text())
-    if spec.get("cudnn_off"):
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    instrument = Instrument(count=spec["count"], time=spec["time"])
-    summary = fairseq_train_in_process(spec["argv"], instrument)
-    summary["plugin_imported"] = "fairseq_realformer" in sys.modules
-    compiled = sys.modules.get("fairseq_realformer.modules.compiled")
-    if compiled is not None:
-        summary["compile_s"] = compiled.COMPILE_TIME.seconds
-        summary["graphs"] = compiled.COMPILE_TIME.graphs
-    summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        summary["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
-        summary["cudnn_sdp_enabled"] = torch.backends.cuda.cudnn_sdp_enabled()
-    summary["threads"] = torch.get_num_threads()
-    Path(spec["out"]).write_text(json.dumps(summary))
-
-
-# ---------------------------------------------------------------------------------------------
-# The benchmark: the configurations one after the other, each in its own fairseq-train
 
 
 def parse_size(text):
@@ -395,16 +178,8 @@ def parse_args(argv=None):
     return args
 
 
-def prepare(args, work):
-    """The binarised data (compiled_train.py's: the toy corpus of 20,000 pairs, or Multi30k)."""
-    from benchmarks.compiled_train import prepare as prepare_data
-
-    return prepare_data(SimpleNamespace(data=args.data, tiny=False), work)
-
-
 def precision_of(args, config):
-    _, _, precision, _ = config
-    return precision or args.precision
+    return config[2] or args.precision  # its own @PRECISION, else --precision
 
 
 def skipped_by_design(args, config):
@@ -500,10 +275,9 @@ def cell_of(size, args):
 
 def write_results(args, argv, records, skipped, budget):
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    names = {"configs": [c[0] for c in args.configs], "sizes": [s[0] for s in args.sizes]}
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "work", "summary", "child")}
+    settings.update(configs=[c[0] for c in args.configs], sizes=[s[0] for s in args.sizes])  # their names
     spent = {"seconds": args.budget, "used_s": round(budget.used(), 1)}
-    settings = {**settings, **names}
     write_json(args, __file__, argv, device, host(), settings=settings, runs=records, skipped=skipped, budget=spent)
 
 
@@ -512,14 +286,12 @@ def main(argv=None):
     if args.child:
         return child(args.child)
     if args.summary:
-        result = json.loads(Path(args.summary).read_text())
-        print(f"{result['command']}\n{result['device']}, {result['machine']}; {result['date']}, {result['commit']}")
-        print(report(result["runs"], result.get("skipped", [])))
+        print(from_json(json.loads(Path(args.summary).read_text())))
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="train-update-"))
     work.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
-    data = prepare(args, work)
+    data = compiled_train.prepare(SimpleNamespace(data=args.data, tiny=False), work)  # toy: 20,000 pairs
     expected = Expected(args.compile_guess, SETUP_GUESS_S, BASELINE)
     records, skipped = [], []
     compiled = {}  # configuration -> its latest run's compiling seconds
@@ -545,11 +317,8 @@ def main(argv=None):
                 expected_s += MARGIN * compile_s
                 why = f"compiling {compile_s:.0f} s; {why}"
             if len(records) >= args.always and not budget.fits(expected_s):
-                skip(
-                    config,
-                    size,
-                    f"expected {expected_s:.0f} s ({why}), {budget.left():.0f} s of {budget.seconds:.0f} left",
-                )
+                left = f"{budget.left():.0f} s of {budget.seconds:.0f} left"
+                skip(config, size, f"expected {expected_s:.0f} s ({why}), {left}")
                 continue
             start = budget.clock()
             try:
@@ -569,109 +338,6 @@ def main(argv=None):
     print(report(records, skipped))
     if args.budget is not None:
         print(f"budget: {budget.used():.0f} s used of {args.budget:.0f} s; {len(skipped)} skipped")
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables
-
-
-def _fmt(x, digits=0):
-    return "—" if x is None else f"{x:,.{digits}f}"
-
-
-def line(r):
-    ops = r.get("ops", {}).get("total")
-    return (
-        f"[train-update] {r['size']} {r['config']} ({r['precision']}): {_fmt(ops)} ops/update, "
-        f"{_fmt(r.get('update_ms_median'), 1)} ms/update, {_fmt(r['wps'])} words/s, wall {r['wall_s']:.0f} s"
-    )
-
-
-def base_config(r):
-    """A record's configuration without its ``@PRECISION`` and ``/cudnn-off``."""
-    return r["config"].split("@")[0].split("/")[0]
-
-
-def baseline_of(records, r):
-    """The fairseq run *r* is compared with at its size: the one in r's precision with cuDNN
-    attention as it comes, else fairseq's fastest there."""
-    same = [b for b in records if base_config(b) == BASELINE and b["size"] == r["size"]]
-    exact = [b for b in same if b["precision"] == r["precision"] and b["cudnn_attention"]]
-    return (exact or [best_fairseq(records, r["size"])])[0]
-
-
-def best_fairseq(records, size):
-    """fairseq's fastest run at *size* (words/s after warm-up), or None."""
-    timed = [b for b in records if base_config(b) == BASELINE and b["size"] == size and b["wps"]]
-    return max(timed, key=lambda b: b["wps"], default=None)
-
-
-def _row(label, cells):
-    return f"| {label} | " + " | ".join(cells) + " |"
-
-
-def _phase_rows(rows, key, digits):
-    """A row a phase and the total: each run's *key* (ops or ms) for it."""
-    phases = (*PHASES, "total")
-    return [_row(PHASE_NAMES.get(p, p), [_fmt(r.get(key, {}).get(p), digits) for r in rows]) for p in phases]
-
-
-def _ops_share(r, b):
-    """*r*'s ATen ops per update over fairseq's run *b*'s, or None."""
-    return r["ops"]["total"] / b["ops"]["total"] if b and r.get("ops") and b.get("ops") else None
-
-
-def _speed_over(r, b):
-    return _fmt(r["wps"] / b["wps"], 3) if b and b["wps"] and r["wps"] else "—"
-
-
-def _memory_mib(r):
-    peak = r.get("cuda_max_allocated_bytes") or r.get("peak_rss_bytes")
-    return _fmt(peak / 2**20) if r.get("peak_rss_bytes") else "—"
-
-
-def report(records, skipped=()):
-    """Per size: ops per update by phase, host ms per phase, words/s and memory, each side by side
-    with fairseq's; then the fast path's ops against the targets."""
-    lines = []
-    for size in dict.fromkeys(r["size"] for r in records):
-        rows = [r for r in records if r["size"] == size]
-        names = [f"{r['config']}" + (f" ({r['precision']})" if "@" not in r["config"] else "") for r in rows]
-        head = [_row("phase", names), "|---" * (len(rows) + 1) + "|"]
-        counted = ", ".join(map(str, rows[0].get("counted_updates", [])))
-        lines += ["", f"{size}: ATen ops per update (updates {counted})", *head, *_phase_rows(rows, "ops", 0)]
-        base = baseline_of(records, rows[0])
-        shares = [_ops_share(r, base) for r in rows]
-        lines.append(_row("× fairseq's total", ["—" if x is None else _fmt(x, 2) + "×" for x in shares]))
-        lines.append(_row("parameter tensors", [_fmt(r.get("tensors")) for r in rows]))
-        lines += ["", f"{size}: host ms per phase (median of the timed updates)", *head, *_phase_rows(rows, "ms", 2)]
-        train = {"words/s": [_fmt(r["wps"]) for r in rows]}
-        train["× fairseq"] = [_speed_over(r, baseline_of(records, r)) for r in rows]
-        best = best_fairseq(records, size)
-        if best is not None:
-            train[f"× fairseq's best ({best['config']}, {best['precision']})"] = [_speed_over(r, best) for r in rows]
-        train["target tokens an update (wpb)"] = [_fmt(r["wpb"]) for r in rows]
-        train["ms an update (median)"] = [_fmt(r.get("update_ms_median"), 1) for r in rows]
-        train["first update s"] = [_fmt(r.get("update_ms", {}).get("1", 0) / 1e3, 1) for r in rows]
-        train["compiling s"] = [_fmt(r.get("compile_s"), 1) for r in rows]
-        train[f"wall s ({rows[0]['updates']} updates)"] = [_fmt(r["wall_s"]) for r in rows]
-        train["loss at the end"] = [_fmt(r["loss_at_end"], 3) for r in rows]
-        train["peak memory MiB"] = [_memory_mib(r) for r in rows]
-        lines += ["", f"{size}: fairseq-train", *head, *(_row(label, cells) for label, cells in train.items())]
-    targets = {"realformer": 0.50, "realformer+compiled": 0.30}
-    checks = []
-    for r in records:
-        share, target = _ops_share(r, baseline_of(records, r)), targets.get(base_config(r))
-        if target is not None and share is not None:
-            verdict = "met" if share <= target else "NOT met"
-            checks.append(
-                f"- {r['size']} {r['config']} ({r['precision']}): {share:.3f}× fairseq's ops per update "
-                f"(target ≤ {target:.2f}×: {verdict})"
-            )
-    if checks:
-        lines += ["", "The fast path's ops per update against fairseq's:", *checks]
-    lines += [f"skipped: {s['size']} {s['config']}: {s['reason']}" for s in skipped]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
