@@ -28,7 +28,7 @@ import sys
 
 from benchmarks import bench
 from benchmarks.bench import say
-from common import allocator, fairseq_log
+from common import allocator, commands, fairseq_log
 from common.host import host
 from common.presets import PRESETS
 from common.repo import MULTI30K, USER_DIR, VARIANTS, VENV
@@ -83,12 +83,12 @@ def measure(args, data, model, jobs, setting):
     layers = ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)]
     cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], *CPU_MODEL, *layers]
     cmd += ["--max-update", str(args.updates), "--log-interval", str(args.log_interval)]
-    logs = [work / f"train-{job}.log" for job in range(jobs)]
+    env = environment(SETTINGS[setting], threads)
     runs = []
-    for output, peak in bench.run_measured([cmd] * jobs, environment(SETTINGS[setting], threads), logs, WHO):
-        losses = [fields["loss"] for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
-        words_per_s = round(bench.timed_words_per_s(output), 1)
-        runs.append({"words_per_s": words_per_s, "peak_rss_mb": round(peak / 2**20), "losses": losses})
+    for run in commands.wait_all([commands.Process(cmd, work / f"train-{job}.log", env=env) for job in range(jobs)]):
+        losses = [fields["loss"] for _, fields in fairseq_log.records(run.output.splitlines(), "train_inner")]
+        words_per_s = round(bench.timed_words_per_s(run.output), 1)
+        runs.append({"words_per_s": words_per_s, "peak_rss_mb": round(run.peak_rss / 2**20), "losses": losses})
     say(WHO, f"{model}, {jobs} job(s) x {threads} thread(s), {setting}: " + ", ".join(describe(r) for r in runs))
     return {"jobs": jobs, "threads": threads, "setting": setting, "runs": runs}
 
@@ -152,4 +152,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    with commands.exit_on_failure("allocator_speed.py"):
+        main()

@@ -25,7 +25,6 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.analysis_speed", *sys.argv[1:]], env)
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ import torch
 from benchmarks.bench import timed
 from common.host import cpu_model
 from common.repo import quiet_logging
+from common.results import write_result
 from fairseq_realformer.analysis import cli
 from fairseq_realformer.analysis.measure import measure
 
@@ -102,8 +102,7 @@ def main(argv=None) -> None:
             f"{name}: {statistics.median(r):.2f}x (median of the per-repeat ratios {', '.join(f'{x:.2f}' for x in r)})"
         )
     if bench.json_out:
-        with open(bench.json_out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_result(bench.json_out, __file__, argv, **result)
 
 
 if __name__ == "__main__":

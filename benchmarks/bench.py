@@ -7,33 +7,29 @@ on the ``realformer`` architecture; any of them with ``+compiled`` appended trai
 layers (a plugin variant: ``--compile-layers``; ``fairseq+compiled``: fairseq's own layers compiled
 by hand with ``nn.Module.compile``, what a user of fairseq could do).
 
-Also what several benchmarks share: a fairseq-train run in a subprocess and what its log says
-(train_update.py, compiled_train.py), the quality study's data and fairseq-train runs timed side
-by side with their peak memory (bf16_speed.py, allocator_speed.py), the --json writer, a timer.
+Also what several benchmarks share: what fairseq-train's log says (train_update.py,
+compiled_train.py, bf16_speed.py, allocator_speed.py), the quality study's data, --json, a timer.
 """
 
 import contextlib
-import os
 import re
 import shlex
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from common import fairseq_log
+from common import commands, fairseq_log
 from common.repo import (
     REPO,
     RUNS,
     STOCK,
     USER_DIR,  # (variants read as a file: fairseq is not imported yet)
     work_folder,
-    write_result,
 )
 from common.repo import VARIANTS as PLUGIN_VARIANTS
+from common.results import write_result
 
 VARIANTS = {
     **{name: ["--arch", arch] for name, arch in STOCK.items()},
@@ -209,16 +205,10 @@ def say(who, text, file=None):
     print(f"[{who} {time.strftime('%H:%M:%S')}] {text}", file=file, flush=True)
 
 
-def run_logged(command, work, name, **kwargs):
-    """*command* run in folder *work*, its output kept in WORK/NAME.log: that output, or a
-    RuntimeError with the last line of its errors."""
-    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, cwd=work, **kwargs)
-    log = result.stdout + result.stderr
-    (work / f"{name}.log").write_text(log)
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
-        raise RuntimeError(f"fairseq-train failed ({result.returncode}): {last}; see {work / f'{name}.log'}")
-    return log
+def run_logged(command, work, name, **options):
+    """*command* run in folder *work* (common.commands.run), its output kept in WORK/NAME.log: that
+    output, or CommandFailed (a RuntimeError) naming its last error line. train_update.py's."""
+    return commands.run(command, work / f"{name}.log", cwd=work, **options).output
 
 
 def prepare_multi30k(data, work, who):
@@ -229,7 +219,7 @@ def prepare_multi30k(data, work, who):
         recipe = REPO / "examples" / "multi30k" / "run.sh"
         cmd = ["bash", str(recipe), "--prepare-only", "--test-sets", "test_2016_flickr", str(data), str(folder)]
         say(who, f"data: {shlex.join(cmd)}")
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        commands.run(cmd, Path(work) / "prepare.log")
     return folder / "bin"
 
 
@@ -253,29 +243,6 @@ def timed_words_per_s(output):
     return len(wps) / sum(1 / w for w in wps)
 
 
-def run_measured(commands, env, logs, who):
-    """*commands* started at once (side by side) with environment *env*, each writing its log in
-    *logs*; when all have ended, [(its output, its peak resident set in bytes)] (ru_maxrss of each);
-    SystemExit naming the log of one that failed."""
-    processes = []
-    for command, log_path in zip(commands, logs):
-        with open(log_path, "w") as log:
-            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
-    peaks = {}
-    while len(peaks) < len(processes):
-        pid, status, usage = os.wait4(-1, 0)
-        if any(process.pid == pid for process in processes):
-            peaks[pid] = (os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
-    results = []
-    for process, command, log_path in zip(processes, commands, logs):
-        returncode, peak = peaks[process.pid]
-        output = Path(log_path).read_text()
-        if returncode != 0:
-            raise SystemExit(f"{who}: error: {command[0]} failed; see {log_path}\n{output[-2000:]}")
-        results.append((output, peak))
-    return results
-
-
 def train_log(log, timed_from):
     """fairseq-train's JSON log read: its ``train_inner`` intervals that end at update *timed_from*
     or later, and a summary (their median words/s, the last loss and update, the compile lines)."""
@@ -291,9 +258,8 @@ def train_log(log, timed_from):
 
 
 def write_json(args, script, argv, device, machine, drop=(), **content):
-    """--json, when given: common.repo.write_result for *script* run with *argv* (None: this
-    process's), its settings *args* but --json and *drop* (unless *content* has settings)."""
+    """--json, when given: common.results.write_result for *script* run with *argv* (None: this
+    process's), the *device*, its settings *args* but --json and *drop* (unless *content* has settings)."""
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", *drop)}
-        argv = sys.argv[1:] if argv is None else argv
-        write_result(args.json, script, argv, device, machine, **{"settings": settings, **content})
+        write_result(args.json, script, argv, machine, device=device, **{"settings": settings, **content})

@@ -35,7 +35,6 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.bf16_speed", *sys.argv[1:]], env)
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -46,10 +45,10 @@ from pathlib import Path
 from benchmarks import bench, bf16_decode_speed
 from benchmarks.bench import say
 from benchmarks.bf16_decode_speed import DECODE_VOCAB, GEN_LENGTH, MODELS
-from common import allocator
+from common import allocator, commands
 from common.host import host
 from common.repo import MULTI30K, USER_DIR, VENV
-from common.repo import header as result_header
+from common.results import write_result
 
 TEST_SENTENCES = 1000  # test_2016_flickr
 TRAIN = (
@@ -93,10 +92,10 @@ def cpu_flags(precision):
     return ["--cpu", *(["--bf16"] if precision == "bf16" else [])]
 
 
-def run_measured(cmd, args, log_path):
-    """Run *cmd* on --threads; return (its output, its peak resident set in bytes)."""
+def run_on_threads(cmd, args, log_path):
+    """*cmd* run on --threads: what it left (its output, its peak resident set)."""
     env = allocator.environment(dict(os.environ, OMP_NUM_THREADS=str(args.threads)), cpu=True)
-    return bench.run_measured([cmd], env, [log_path], "bf16_speed.py")[0]
+    return commands.run(cmd, log_path, env=env)
 
 
 def train(args, data, model, precision, repeat):
@@ -104,10 +103,10 @@ def train(args, data, model, precision, repeat):
     work.mkdir(parents=True, exist_ok=True)
     cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], "--max-update", str(args.updates)]
     cmd += ["--log-interval", str(args.log_interval), "--save-dir", str(work / "ckpt"), *cpu_flags(precision)]
-    output, peak = run_measured(cmd, args, work / "train.log")
+    run = run_on_threads(cmd, args, work / "train.log")
     return {
-        "tokens_per_s": round(bench.timed_words_per_s(output), 1),
-        "peak_rss_mb": round(peak / 2**20, 1),
+        "tokens_per_s": round(bench.timed_words_per_s(run.output), 1),
+        "peak_rss_mb": round(run.peak_rss / 2**20, 1),
         "checkpoint": str(work / "ckpt" / "checkpoint_last.pt"),
         "command": shlex.join(cmd),
     }
@@ -119,7 +118,7 @@ def generate(args, data, checkpoint, precision, work):
     cmd += ["--min-len", str(GEN_LENGTH), "--max-len-b", str(GEN_LENGTH)]
     # one shard of the 1,000-sentence test set (fairseq-generate shards by "rank")
     cmd += ["--distributed-world-size", str(max(1, TEST_SENTENCES // args.gen_sentences)), "--distributed-rank", "0"]
-    output, _ = run_measured([*cmd, *cpu_flags(precision)], args, work / f"generate-{precision}.log")
+    output = run_on_threads([*cmd, *cpu_flags(precision)], args, work / f"generate-{precision}.log").output
     match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s", output)
     if not match:
         raise SystemExit(f"bf16_speed.py: error: no timing line in {work / f'generate-{precision}.log'}")
@@ -183,17 +182,13 @@ def report(results):
 
 
 def write_json(args, argv, what, **fields):
-    """The numbers in --json, after what was measured, the command and the machine."""
+    """The numbers in --json, after what was measured, the header, the CPU's bf16 units and threads."""
     import torch
 
-    header = {
-        "what": what,
-        **result_header(__file__, sys.argv[1:] if argv is None else argv, args.machine),
-        "torch": torch.__version__,
-        "cpu_bf16_units": bool(torch.cpu._is_avx512_bf16_supported()),
-        "threads": args.threads,
-    }
-    Path(args.json).write_text(json.dumps({**header, **fields}, indent=1) + "\n")
+    units = bool(torch.cpu._is_avx512_bf16_supported())
+    write_result(
+        args.json, __file__, argv, args.machine, what=what, cpu_bf16_units=units, threads=args.threads, **fields
+    )
     print(f"[bf16-speed] wrote {args.json}")
 
 
@@ -232,4 +227,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    with commands.exit_on_failure("bf16_speed.py"):
+        main()

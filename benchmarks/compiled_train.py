@@ -31,16 +31,14 @@ import argparse
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.bench import run_logged, say, train_log, write_json
-from common import allocator, fairseq_log
+from benchmarks.bench import prepare_multi30k, say, train_log, write_json
+from common import allocator, commands, fairseq_log
 from common.host import host
 from common.presets import PRESETS
 from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS
@@ -73,19 +71,18 @@ def parse_args(argv=None):
 
 
 def prepare(args, work: Path) -> Path:
-    """The binarised data in WORK/bin, with a joined dictionary (skipped when done)."""
-    data = work / "bin"
-    if (data / "dict.src.txt").exists() or (data / "dict.en.txt").exists():
-        return data
+    """The binarised data, with a joined dictionary (skipped when done): Multi30k as the benchmarks
+    prepare it (bench.prepare_multi30k), or the toy corpus in WORK/bin."""
     if args.data == "multi30k":
-        recipe = REPO / "examples" / "multi30k" / "run.sh"
-        subprocess.run(["bash", recipe, "--prepare-only", MULTI30K, work], check=True, capture_output=True)
+        return prepare_multi30k(MULTI30K, work, "compiled-train")
+    data, log = work / "bin", work / "prepare.log"
+    if (data / "dict.src.txt").exists():
         return data
     corpus = [sys.executable, REPO / "scripts" / "toy_corpus.py", "--out-dir", work]
-    subprocess.run([*corpus, "--train", "2000" if args.tiny else "20000"], check=True, capture_output=True)
+    commands.run([*corpus, "--train", "2000" if args.tiny else "20000"], log)
     splits = [arg for name in ("train", "valid", "test") for arg in (f"--{name}pref", work / name)]
     binarize = [sys.executable, REPO / "scripts" / "binarize.py", "--source-lang", "src", "--target-lang", "tgt"]
-    subprocess.run([*binarize, *splits, "--destdir", data, "--workers", "2"], check=True, capture_output=True)
+    commands.run([*binarize, *splits, "--destdir", data, "--workers", "2"], log, append=True)
     return data
 
 
@@ -116,16 +113,11 @@ def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
         *(["--compile-layers"] if compiled else []),
     ]
     say("compiled-train", f"{name}: {shlex.join(command)}")
-    start = time.time()
-    try:
-        log = run_logged(command, work, name, env=allocator.environment())
-    except RuntimeError:
-        raise SystemExit(f"compiled_train.py: error: the {name} run failed; see {work / f'{name}.log'}") from None
-    wall_s = round(time.time() - start, 1)
-    _, logged = train_log(log, args.skip + 1)
-    valid = [fields for _, fields in fairseq_log.records(log.splitlines(), "valid")]
+    run = commands.run(command, work / f"{name}.log", cwd=work, env=allocator.environment(), name=f"the {name} run")
+    _, logged = train_log(run.output, args.skip + 1)
+    valid = [fields for _, fields in fairseq_log.records(run.output.splitlines(), "valid")]
     valid_loss = [[int(v["epoch"]), v["loss"]] for v in valid]
-    return {"seed": seed, "compiled": compiled, "wall_s": wall_s, **logged, "valid_loss": valid_loss}
+    return {"seed": seed, "compiled": compiled, "wall_s": round(run.seconds, 1), **logged, "valid_loss": valid_loss}
 
 
 def write_results(args, argv, runs, ratio):
@@ -160,4 +152,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    with commands.exit_on_failure("compiled_train.py"):
+        main()

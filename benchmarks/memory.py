@@ -3,13 +3,13 @@ in one training forward pass (--saved-activations). On a CPU each is measured in
 of speed.py (``--memory-probe``, ``--saved-probe``), with nothing else allocated."""
 
 import gc
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from benchmarks.bench import DTYPES, SIZES, Bench, batch, build
+from common import commands
 
 SPEED = Path(__file__).with_name("speed.py")  # the fresh process: speed.py's probe options
 
@@ -22,8 +22,7 @@ def in_fresh_process(args, probe, variant, size, length):
     cmd += ["--dtype", args.dtype, "--tokens-per-batch", str(args.tokens_per_batch), "--steps", str(args.steps)]
     if args.saved_activations:
         cmd += ["--saved-activations", args.saved_activations]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return int(out.strip().splitlines()[-1])
+    return int(commands.run(cmd).stdout.strip().splitlines()[-1])
 
 
 def rss_bytes(field):

@@ -53,12 +53,10 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -68,6 +66,7 @@ from benchmarks.cuda_profile import cuda_kernels_of_a_training_step
 from benchmarks.memory import count_saved_activations, peak_memory, peak_memory_probe, saved_for_backward_bytes
 from benchmarks.speed_report import device_name, machine, report, short_table
 from common.repo import import_fairseq_quietly
+from common.results import read_result
 
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
 COMPILE_GUESS_S = 120  # --compile-guess: a compiled variant's first step before any has compiled here
@@ -257,7 +256,7 @@ class Timings:
 def main():
     args = parse_args()
     if args.summary:
-        result = json.loads(Path(args.summary).read_text())
+        result = read_result(args.summary)
         print(f"{result['device']}; {result['date']}")
         print(short_table(result["runs"], result.get("skipped", []), None))
         return

@@ -6,6 +6,8 @@ import os
 import runpy
 from pathlib import Path
 
+from common import commands
+
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "fairseq_realformer"
 VENV = Path(os.environ.get("REALFORMER_VENV", REPO / ".venv"))
@@ -36,44 +38,7 @@ def import_fairseq_quietly():
 
 def commit():
     """The checkout's commit (None outside a git checkout)."""
-    import subprocess
-
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return git.stdout.strip() or None
-
-
-def header(script, argv, machine):
-    """What every result JSON opens with: the command that wrote it (``python SCRIPT ARGV``, the
-    script and any path inside the checkout named from its root), the machine, the date and the
-    commit."""
-    import datetime
-    import shlex
-
-    # a path inside the checkout (or REALFORMER_RUNS, its runs/) as the checkout names it: the
-    # command runs in any clone, and names no machine's folder
-    argv = [repo_relative(a) if os.path.isabs(a) and _inside(a) else a for a in map(str, argv)]
-    return {
-        "command": shlex.join(["python", repo_relative(script), *argv]),
-        "machine": machine,
-        "date": datetime.date.today().isoformat(),
-        "commit": commit(),
-    }
-
-
-def write_result(path, script, argv, device, machine, **content):
-    """A benchmark's JSON at *path*: header() for *script* (its file), the device and torch's
-    version, then *content* (settings, runs, ...)."""
-    import json
-
-    import torch
-
-    result = {**header(script, argv, machine), "device": device, "torch": torch.__version__, **content}
-    Path(path).write_text(json.dumps(result, indent=1))
-
-
-def _inside(path) -> bool:
-    path = Path(path).resolve()
-    return path.is_relative_to(REPO) or path.is_relative_to(RUNS.resolve())
+    return commands.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], check=False).stdout.strip() or None
 
 
 def repo_relative(path) -> str:

@@ -63,9 +63,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.host import host
 from common.presets import PRESETS
-from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative, write_result
+from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative
+from common.results import write_result
 from studies.checkpoints import InputError, batches, import_plugin
 
 PROG = "deepnorm_vs_torchscale.py"
@@ -609,7 +609,6 @@ def main(argv=None):
     both = pairs if {"plugin", "torchscale"} <= set(args.arms) else None
     default = REPO / "studies" / "results" / f"cpu-deepnorm-vs-torchscale-{args.layers}-multi30k-en-de.json"
     path = Path(args.json or default)
-    path.parent.mkdir(parents=True, exist_ok=True)
     settings = {
         "data": repo_relative(data),
         **{k: getattr(args, k) for k in ("layers", "lr", "seed", "warmup")},
@@ -623,10 +622,9 @@ def main(argv=None):
     }
 
     def save(rows, losses, seconds, complete=False):  # after every row: a stopped run keeps what it measured
-        command = argv if argv is not None else sys.argv[1:]
         content = dict(torchscale=version, threads=args.threads, seconds=round(seconds), complete=complete)
         content.update(settings=settings, units=UNITS, forward_check=check, rows=rows, train_loss_per_update=losses)
-        write_result(path, __file__, command, "cpu", host(), **content)
+        write_result(path, __file__, argv, device="cpu", **content)
 
     rows, losses, seconds = train(arms, task, cfg, criterion, args, both, on_row=save)
     save(rows, losses, seconds, complete=True)

@@ -34,20 +34,16 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.depth_stability", *sys.argv[1:]], env)
 
 import argparse
-import datetime
-import json
 import math
 import os
-import shlex
-import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
-from common import allocator, fairseq_log, multi30k_args
+from common import allocator, commands, fairseq_log, multi30k_args
 from common.host import host
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, commit, import_fairseq_quietly, work_folder
+from common.results import header, read_result, write_json, write_result
 from studies.divergence import divergence
 
 BIN = Path(sys.executable).parent
@@ -100,7 +96,7 @@ def prepare(args, out: Path) -> Path:
         "--max-lines", f"train={args.pairs},valid={args.valid_pairs}",
         "--spm-vocab", str(args.vocab), "--spm-dir", str(out / "spm"), "--destdir", str(bin_dir),
     ]  # fmt: skip
-    subprocess.run(binarize, check=True)
+    commands.run(binarize, out / "binarize.log")
     return bin_dir
 
 
@@ -166,33 +162,27 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
     result_file = out / variant / "result.json"
     if result_file.exists():
         log(f"{variant}: reusing {result_file}")
-        return json.loads(result_file.read_text())
-    result_file.parent.mkdir(parents=True, exist_ok=True)
+        return read_result(result_file)
     flags, at = train_flags(args, bin_dir, variant), commit()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hydra's and torch's notices: fairseq-train's log below has them
         enc_norm, dec_norm = first_layer_grad_norms(flags)
     log(f"{variant}: first-layer gradient norms at init: encoder {enc_norm:.3g}, decoder {dec_norm:.3g}; training")
-    start = time.time()
     cmd = [str(BIN / "fairseq-train"), *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=allocator.environment())
-    lines = (proc.stdout + proc.stderr).splitlines()
-    (out / variant / "train.log").write_text(proc.stdout + proc.stderr)
+    run = commands.run(cmd, out / variant / "train.log", env=allocator.environment(), check=False)
+    lines = run.output.splitlines()
     stats = list(fairseq_log.records(lines, "train_inner", "valid"))
     train = [fields["loss"] for kind, fields in stats if kind == "train_inner"]
     valid = next((fields["loss"] for kind, fields in reversed(stats) if kind == "valid"), None)
-    stopped_on_nan = proc.returncode != 0 and ("FloatingPointError" in proc.stderr or "nan" in proc.stderr.lower())
-    if proc.returncode != 0 and not stopped_on_nan:
-        raise SystemExit(f"{variant}: fairseq-train failed ({proc.returncode}); see {out / variant / 'train.log'}")
+    # fairseq stops on NaN/Inf gradients with a FloatingPointError: diverged, not failed
+    error = commands.last_error(run.output)
+    stopped_on_nan = run.returncode != 0 and ("FloatingPointError" in error or "nan" in error.lower())
+    if run.returncode != 0 and not stopped_on_nan:
+        raise SystemExit(f"depth_stability.py: error: {variant}: {run.failure()}")
     diverged = stopped_on_nan or divergence(lines) is not None
     measured = (train[0] if train else None, train[-1] if train else None, valid, diverged, enc_norm, dec_norm)
-    result = {
-        "variant": variant,
-        **dict(zip(MEASURED, measured)),
-        "wall_s": round(time.time() - start, 1),
-        "commit": at,
-    }
-    result_file.write_text(json.dumps(result, indent=1))
+    result = {"variant": variant, **dict(zip(MEASURED, measured)), "wall_s": round(run.seconds, 1), "commit": at}
+    write_json(result_file, result)
     log(
         f"{variant}: train loss {result['first_train_loss']} -> {result['final_train_loss']}, "
         f"valid {valid}, diverged {diverged} ({result['wall_s']} s)"
@@ -260,13 +250,12 @@ def add_to_table(table, settings, results, record):
     return merged
 
 
-def merge(args, settings, results, command):
+def merge(args, settings, results, argv):
     table_file = Path(args.add_to)
     measured_at = ", ".join(dict.fromkeys(r["commit"] for r in results if r.get("commit")))  # runs reused too
-    record = dict(date=datetime.date.today().isoformat(), commit=measured_at or commit(), command=command)
-    record["machine"] = args.machine
+    record = {**header(__file__, argv, args.machine), "commit": measured_at or commit()}
     try:
-        merged = add_to_table(json.loads(table_file.read_text()), settings, results, record)
+        merged = add_to_table(read_result(table_file), settings, results, record)
     except ValueError as e:
         raise SystemExit(f"depth_stability.py: error: --add-to {table_file}: {e}") from None
     if merged is None:
@@ -278,33 +267,34 @@ def merge(args, settings, results, command):
             log(f"{variant}: the control measured what its row says, so the new rows compare with the old")
         else:
             log(f"{variant}: WARNING the control differs from its row: the new rows do not compare with the old")
-    table_file.write_text(json.dumps(merged, indent=1) + "\n")
+    write_json(table_file, merged)
     log(f"added {', '.join(merged['additions'][-1]['variants']) or 'controls'} to {table_file}")
 
 
 def main(argv=None):
     args = parse_args(argv)
     settings = {k: v for k, v in vars(args).items() if k not in RECORD_ONLY}
-    if args.add_to and added_already(json.loads(Path(args.add_to).read_text()), settings, args.variants):
+    if args.add_to and added_already(read_result(args.add_to), settings, args.variants):
         log(f"{args.add_to} holds these runs already: nothing to train")
         return
     out = work_folder(args.out or RUNS / "depth_stability")
     out.mkdir(parents=True, exist_ok=True)
     settings_file = out / "settings.json"
-    if settings_file.exists() and json.loads(settings_file.read_text()) != settings:
+    if settings_file.exists() and read_result(settings_file) != settings:
         raise SystemExit(
             f"depth_stability.py: error: --out {out} holds results of other settings ({settings_file}); choose another --out"
         )
-    settings_file.write_text(json.dumps(settings, indent=1))
+    write_json(settings_file, settings)
     bin_dir = prepare(args, out)
     results = [run_variant(args, bin_dir, out, v) for v in args.variants]
     print(table(args, results))
     if args.json:
-        Path(args.json).write_text(json.dumps({"settings": vars(args), "runs": results}, indent=1))
+        write_result(args.json, __file__, argv, args.machine, settings=vars(args), runs=results)
     if args.add_to:
-        merge(args, settings, results, "python studies/depth_stability.py " + shlex.join(argv or sys.argv[1:]))
+        merge(args, settings, results, argv)
 
 
 if __name__ == "__main__":
     os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # the plugin loads checkpoints safely
-    main()
+    with commands.exit_on_failure("depth_stability.py"):
+        main()

@@ -24,12 +24,12 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.dropout_gap", *sys.argv[1:]], env)
 
 import argparse
-import json
 import math
 import os
 import sys
 from pathlib import Path
 
+from common.results import write_result
 from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load
 
 PROG = "dropout_gap.py"
@@ -78,21 +78,13 @@ def main(argv=None):
     print("|---|---|---|---|---|")
     for checkpoint, updates, off, on in rows:
         print(f"| {checkpoint} | {updates} | {off:.3f} | {on:.3f} | {on - off:+.3f} |")
-    if args.json:
-        record = {
-            "subset": args.subset,
-            "seed": args.seed,
-            "unit": "bits per target token",
-            "rows": [
-                {"checkpoint": str(c), "updates": u, "dropout_off": round(off, 4), "dropout_on": round(on, 4)}
-                for c, u, off, on in rows
-            ],
-        }
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")  # a record that exists is whole: quality.py skips it
-        partial.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(partial, path)
+    if args.json:  # written whole: quality.py --dropout-gap skips a run whose record exists
+        rows_kept = [
+            {"checkpoint": str(c), "updates": u, "dropout_off": round(off, 4), "dropout_on": round(on, 4)}
+            for c, u, off, on in rows
+        ]
+        measured = {"subset": args.subset, "seed": args.seed, "unit": "bits per target token", "rows": rows_kept}
+        write_result(args.json, __file__, argv, **measured)
     return rows
 
 

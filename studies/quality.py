@@ -58,7 +58,7 @@ import sys
 from collections import namedtuple
 from pathlib import Path
 
-from common import multi30k_args
+from common import commands, multi30k_args
 from common.host import host
 from common.presets import PRESETS
 from common.repo import RUNS, STOCK, work_folder
@@ -307,4 +307,5 @@ def draw(study, outputs, runs, compared, labels):
 
 
 if __name__ == "__main__":
-    main()
+    with commands.exit_on_failure("quality.py"):
+        main()

@@ -2,9 +2,9 @@
 each run's command with the fairseq-train flags every variant shares."""
 
 import fcntl
-import subprocess
 from pathlib import Path
 
+from common import commands
 from common.repo import REPO, STOCK, USER_DIR, VARIANTS, VENV
 
 RECIPE = REPO / "examples" / "multi30k" / "run.sh"
@@ -28,12 +28,6 @@ def run_flags(study):
     return [*data_flags(study), *(["--bf16"] if study.bf16 else []), *language_flags(study)]
 
 
-def error(log_path, what):
-    """run.sh's own one-line error in *log_path*, else that *what* failed."""
-    errors = [line for line in log_path.read_text().splitlines() if line.startswith("run.sh: error: ")]
-    return errors[-1][len("run.sh: error: ") :] if errors else f"{what} failed; see {log_path}"
-
-
 def prepare_data(study):
     """Binarise the data once for every run (run.sh --prepare-only; skipped when done). Two studies
     started into one --out take turns: the second finds the data prepared."""
@@ -41,10 +35,9 @@ def prepare_data(study):
     cmd = ["bash", str(RECIPE), *data_flags(study), "--prepare-only", *language_flags(study), study.data, str(data_dir)]
     print(f"[quality] data: {' '.join(cmd)}", flush=True)
     study.out.mkdir(parents=True, exist_ok=True)
-    with open(study.out / "prepare.log", "a") as log:
-        fcntl.flock(log, fcntl.LOCK_EX)  # released when the log is closed
-        if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            raise SystemExit(f"quality.py: error: {error(study.out / 'prepare.log', 'preparing the data')}")
+    with open(study.out / "prepare.log", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when it is closed
+        commands.run(cmd, study.out / "prepare.log", append=True, name="preparing the data")
     return data_dir
 
 
@@ -62,12 +55,8 @@ def updates_per_epoch(study, data_dir):
         cmd = [str(VENV / "bin" / "python"), str(UPDATES_PER_EPOCH), str(data_dir / "bin"), "--user-dir", str(USER_DIR)]
         cmd += ["--arch", RECIPE_ARCH, "--source-lang", study.source_lang, "--target-lang", study.target_lang]
         cmd += ["--max-tokens", MAX_TOKENS, "--seed", "1"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SystemExit(
-                f"quality.py: error: counting the updates per epoch failed: {result.stderr.strip().splitlines()[-1:]}"
-            )
-        cache.write_text(result.stdout.strip().splitlines()[-1] + "\n")
+        counted = commands.run(cmd, name="counting the updates per epoch").stdout
+        cache.write_text(counted.strip().splitlines()[-1] + "\n")
     return counted_updates_per_epoch(data_dir)
 
 

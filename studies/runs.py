@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import fairseq_log
+from common.results import measured, read_result
 from studies.divergence import divergence
 
 _TRAIN_START = "| fairseq_cli.train | {'_name'"  # fairseq-train's config dump: one per invocation
@@ -202,7 +203,7 @@ class RunFolder:
         """The dropout-gap record with checkpoint names, not local paths; None if it has none."""
         if not self.dropout_gap_file.exists():
             return None
-        gap = json.loads(self.dropout_gap_file.read_text())
+        gap = measured(read_result(self.dropout_gap_file))
         for row in gap["rows"]:
             row["checkpoint"] = Path(row["checkpoint"]).name
         return gap

@@ -32,16 +32,14 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.source_use", *sys.argv[1:]], env)
 
 import argparse
-import datetime
-import json
 import math
 import os
 import re
 import sys
 from pathlib import Path
 
-from common.host import host
-from common.repo import STOCK, VARIANTS, commit, repo_relative
+from common.repo import STOCK, VARIANTS, repo_relative
+from common.results import write_result
 from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load
 from studies.figures import frame, save, variant_colours
 from studies.runs import RunFolder
@@ -229,26 +227,17 @@ def main(argv=None):
     if args.figure:
         draw(rows, args.subset, args.figure)
     if args.json:
-        record = {
-            "command": " ".join(["python", "studies/source_use.py", *(argv if argv is not None else sys.argv[1:])]),
-            "commit": commit(),
-            "machine": host(),
-            "date": datetime.date.today().isoformat(),
-            "subset": args.subset,
-            "units": {"nll": "bits per target token", "spread": "E|x - mean|^2 / E|x|^2 over source tokens"},
-            "spread_at": "embedding, encoder layers 1..N, encoder output",
-            "rows": [
-                {
-                    **row,
-                    **{k: round(row[k], 4) for k in ("nll_own", "nll_impostor")},
-                    "spread": [round(v, 4) for v in row["spread"]],
-                }
-                for row in rows
-            ],
-        }
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        units = {"nll": "bits per target token", "spread": "E|x - mean|^2 / E|x|^2 over source tokens"}
+        kept = [
+            {
+                **row,
+                **{k: round(row[k], 4) for k in ("nll_own", "nll_impostor")},
+                "spread": [round(v, 4) for v in row["spread"]],
+            }
+            for row in rows
+        ]
+        spread_at = "embedding, encoder layers 1..N, encoder output"
+        write_result(args.json, __file__, argv, subset=args.subset, units=units, spread_at=spread_at, rows=kept)
     return rows
 
 

@@ -3,16 +3,16 @@ its runs' folders are, and its JSON with the translations committed beside it. E
 study's JSON holds is written, and read back (a StudyRecord, which answers what a report asks of a
 study: quality.py's, --beside's, the runner's and depth_report.py's), here.
 
-The JSON: "what", "command", "machine", "date", "settings" (what the runs were trained with; a
-study goes on from the runs a JSON of the same settings holds), "runs" (each run's record,
-runs.RunFolder.record, with its variant, rate, label, seed and the committed translations'
-paths), "best" (a sweep: each variant's chosen rate), "comparisons" (paired bootstrap, seed by
-seed), "seed_comparisons" (the permutation test across seeds) and "summary" (mean ± std).
+The JSON: "what", the header (common.results: "command", "machine", "date", "commit", "torch"),
+"settings" (what the runs were trained with; a study goes on from the runs a JSON of the same
+settings holds), "runs" (each run's record, runs.RunFolder.record, with its variant, rate, label,
+seed and the committed translations' paths), "best" (a sweep: each variant's chosen rate),
+"comparisons" (paired bootstrap, seed by seed), "seed_comparisons" (the permutation test across
+seeds) and "summary" (mean ± std).
 """
 
 import copy
 import gzip
-import json
 import os
 import re
 import statistics
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.presets import PRESETS
-from common.repo import REPO, header, repo_relative
+from common.repo import REPO, repo_relative
+from common.results import read_result, write_result
 from studies import scoring
 from studies.runs import RunFolder, read_lines
 
@@ -214,17 +215,19 @@ class Study:
                 if "hypotheses_tok" in score:
                     del score["hypotheses_tok"]
                     score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
-        result = {
-            "what": self.describe(),
-            **header(QUALITY, argv, self.machine),
-            "settings": self.settings(),
-            "runs": runs,
+        write_result(
+            path,
+            QUALITY,
+            argv,
+            self.machine,
+            what=self.describe(),
+            settings=self.settings(),
+            runs=runs,
             **({"best": record.best} if self.sweep else {}),
-            "comparisons": found,
-            "seed_comparisons": across_seeds,
-            "summary": scoring.summary(runs, self.labels),
-        }
-        path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+            comparisons=found,
+            seed_comparisons=across_seeds,
+            summary=scoring.summary(runs, self.labels),
+        )
         if show:
             print(f"[quality] wrote {path}")
 
@@ -323,7 +326,7 @@ class StudyRecord:
         """The JSON at *path*, each score's `hypotheses` (and the published recipe's
         `hypotheses_tok`) the committed translations, as scoring.comparisons reads them, and its
         reference the one the JSON names where it is, else the file of that name in *data*."""
-        record = json.loads(Path(path).read_text())
+        record = read_result(path)
         for run in record["runs"]:
             for score in scored_sets(run).values():
                 for key in ("hypotheses", "hypotheses_tok"):

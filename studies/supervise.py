@@ -1,5 +1,5 @@
 """Training a study's runs: N at a time, seed 1 of every config first, each run in its own session
-under this process's niceness and its folder's lock, watched for divergence and stopped there
+under this process's niceness (common.commands) and its folder's lock, watched for divergence and stopped there
 (each epoch it ends said in one line, in the words of quality.py --status), then (--dropout-gap)
 its checkpoints scored with dropout off and on (dropout_gap.py); all of them stopped on SIGINT or
 SIGTERM (run the same command again to resume). Studies started side by side into one --out
@@ -15,6 +15,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from common import commands
 from common.host import cpu_model
 from common.repo import VENV
 from studies import recipe, status
@@ -27,18 +28,6 @@ DROPOUT_GAP = Path(__file__).resolve().parent / "dropout_gap.py"
 
 def say(text):
     print(f"[quality {time.strftime('%H:%M:%S')}] {text}", flush=True)
-
-
-def keep_niceness(pid: int) -> None:
-    """Give the new session of *pid* this process's niceness. With Linux's autogroup scheduling
-    (``/proc/sys/kernel/sched_autogroup_enabled``) nice ranks processes only inside their session;
-    each session competes with the others as a group at its own autogroup nice (0), so a run
-    started in a new session under ``nice -n 19`` would take an equal share of the cores from
-    everything else instead of yielding. Where there are no autogroups, nothing to do."""
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(f"{os.nice(0)}\n")
-    except OSError:
-        pass
 
 
 def run_all(study, data_dir, previous=None, on_finished=None):
@@ -107,28 +96,26 @@ class Runner:
         slot = self.take_slot(name)
         if slot is None:
             return "stopped"
-        with slot, open(folder.recipe_log, "a") as log:
+        with slot:
             with self.lock:
                 if self.stopping:  # a stop came while this run was queued: nothing starts, nothing is recorded
                     return "stopped"
-                start = time.time()
-                started = datetime.datetime.fromtimestamp(start)
+                started = datetime.datetime.now()
                 folder.record_start(started, cpu_model())  # before it starts: a killed attempt writes nothing after
                 say(f"start {name}: {folder.path}")
-                process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                keep_niceness(process.pid)
+                process = commands.Process(cmd, folder.recipe_log, env=env, append=True, new_session=True, name=name)
                 self.running.add(process)
             returncode, where = self.wait_watching(process, folder, name)
             with self.lock:
                 self.running.discard(process)
-        folder.record_attempt(started, time.time() - start, returncode)
+        folder.record_attempt(started, process.seconds, returncode)
         if where is not None:  # stopped there, recorded, not retried
             folder.record_divergence(where)
             say(f"{name} diverged at update {where['update']}: {where['reason']}; stopped")
             return None
         if returncode != 0:
-            return "stopped" if self.stopping else recipe.error(folder.recipe_log, name)
-        say(f"done {name} in {time.time() - start:.0f} s")
+            return "stopped" if self.stopping else process.failure()
+        say(f"done {name} in {process.seconds:.0f} s")
         return None
 
     def take_slot(self, name):
@@ -161,11 +148,11 @@ class Runner:
         per_epoch = recipe.counted_updates_per_epoch(self.data_dir)
         while True:
             try:
-                returncode = process.wait(timeout=WATCH_S)
+                returncode = process.wait(timeout=WATCH_S, check=False).returncode
                 break
             except subprocess.TimeoutExpired:
                 if folder.divergence() is not None and not self.stopping:
-                    os.killpg(process.pid, signal.SIGTERM)
+                    process.stop()
                 progress = folder.progress()
                 if progress.epochs > said:
                     said = progress.epochs
@@ -176,7 +163,7 @@ class Runner:
         with self.lock:
             self.stopping = True
             for process in self.running:
-                os.killpg(process.pid, signal.SIGTERM)  # the recipe and its fairseq-train
+                process.stop()  # the recipe and its fairseq-train: its session
         print(f"[quality] stopping ({signal.Signals(signum).name}); run the same command to resume", flush=True)
 
 
@@ -189,7 +176,5 @@ def record_dropout_gap(folder, jobs):
     say(f"dropout gap: {folder.path}")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1") if jobs > 1 else None
     cmd = [str(VENV / "bin" / "python"), str(DROPOUT_GAP), str(folder.path), "--json", str(folder.dropout_gap_file)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        return f"--dropout-gap on {folder.path}: {last}"
+    scored = commands.run(cmd, env=env, check=False, name=f"--dropout-gap on {folder.path}")
+    return None if scored.returncode == 0 else scored.failure()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import fairseq_log, repo
+from common import fairseq_log, results
 from studies import figures, quality, recipe, supervise, tables
 from studies.runs import RunFolder
 from studies.study import StudyRecord
@@ -636,7 +636,7 @@ def test_a_results_command_names_the_checkouts_paths_from_its_root():
     """A result JSON's command runs in any clone: the script, and paths inside the checkout, from its
     root; paths outside it as given."""
     argv = ["--out", str(Path(REPO) / "runs" / "depth-18"), "--data", "/elsewhere/multi30k", "--lr", "2e-3"]
-    command = repo.header(Path(REPO) / "studies" / "quality.py", argv, "m")["command"]
+    command = results.header(Path(REPO) / "studies" / "quality.py", argv, "m")["command"]
     assert command == "python studies/quality.py --out runs/depth-18 --data /elsewhere/multi30k --lr 2e-3"
 
 

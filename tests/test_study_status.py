@@ -129,16 +129,16 @@ def test_the_runner_says_each_epoch_in_the_words_of_the_runs_status(study, capsy
     log = training / "train.log"
 
     class Recipe:  # ends epoch 3 while the runner watches, then nothing new, then exits
-        pid, waits = None, 0
+        pid, waits, returncode = None, 0, 0
 
-        def wait(self, timeout):
+        def wait(self, timeout, check):
             self.waits += 1
             if self.waits == 1:
                 with open(log, "a") as f:
                     f.write("\n".join(_epoch(3, "2026-11-24 20:42:00", 8.0, 7.2)) + "\n")
             if self.waits < 3:
                 raise subprocess.TimeoutExpired("run.sh", timeout)
-            return 0
+            return self
 
     runner = supervise.Runner(plan, plan.out / "data")
     assert runner.wait_watching(Recipe(), training, "realformer lr=0.001 seed 1") == (0, None)

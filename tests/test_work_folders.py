@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import allocator, fairseq_log, host, repo
+from common import allocator, fairseq_log, host, repo, results
 from studies.runs import RunFolder
 
 from .cli import clean_env, popen, run
@@ -43,7 +43,7 @@ def test_runs_named_from_the_checkout_go_under_realformer_runs_and_are_recorded_
     assert repo.work_folder("runs/depth-18") == tmp_path / "kept" / "depth-18"
     assert repo.work_folder(tmp_path / "elsewhere") == tmp_path / "elsewhere"
     argv = ["--out", str(tmp_path / "kept" / "depth-18"), "--data", str(tmp_path / "data")]
-    command = repo.header(Path(REPO) / "studies" / "quality.py", argv, "m")["command"]
+    command = results.header(Path(REPO) / "studies" / "quality.py", argv, "m")["command"]
     assert command == f"python studies/quality.py --out runs/depth-18 --data {tmp_path / 'data'}"
 
 
