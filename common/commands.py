@@ -16,6 +16,7 @@ POLL_S = 0.05  # how often a timed wait looks whether a command has ended (side 
 # the lines that say what went wrong: a program's own one-line error ("run.sh: error: ...", argparse's
 # "prog: error: ..."), or the last line of a Python traceback ("FloatingPointError: ...")
 ERROR_LINE = re.compile(r"^(\S+: error: |(\w+\.)*\w*(Error|Exception|Interrupt)\b)")
+OWN_ERROR = re.compile(r"^\S+: error: ")  # a program's own: the user's input named, no traceback behind it
 
 
 def last_error(output: str) -> str:
@@ -34,7 +35,12 @@ def program(command) -> str:
 
 
 class CommandFailed(RuntimeError):
-    """A command that failed: Process.failure's sentence."""
+    """A command that failed: Process.failure's sentence; *own*, the program's own one-line error
+    ("run.sh: error: X not found (--test-sets)" gives "X not found (--test-sets)"), where it said one."""
+
+    def __init__(self, sentence, own=None):
+        super().__init__(sentence)
+        self.own = own
 
 
 class Process:
@@ -91,7 +97,9 @@ class Process:
                 raise subprocess.TimeoutExpired(self._popen.args, timeout)
             time.sleep(POLL_S)
         if check and self.returncode != 0:
-            raise CommandFailed(self.failure())
+            own = last_error(self.output)
+            own = own.split(": error: ", 1)[1] if OWN_ERROR.match(own) else None
+            raise CommandFailed(self.failure(), own)
         return self
 
     def failure(self) -> str:
@@ -120,8 +128,10 @@ def wait_all(processes, check=True):
 
 @contextlib.contextmanager
 def exit_on_failure(prog):
-    """A command that fails inside as *prog*'s one-line error, "PROG: error: SENTENCE" (no traceback)."""
+    """A command that fails inside as *prog*'s one-line error (no traceback): "PROG: error: " and the
+    command's own error where it said one (bad input, already named: the user's to fix), else the
+    sentence that says which command failed, how and where its log is."""
     try:
         yield
     except CommandFailed as failure:
-        raise SystemExit(f"{prog}: error: {failure}") from None
+        raise SystemExit(f"{prog}: error: {failure.own or failure}") from None

@@ -102,7 +102,15 @@ def test_a_supervisor_waits_a_while_then_stops_the_whole_session(tmp_path):
 
 
 def test_a_command_line_says_a_failure_in_one_line_without_a_traceback():
+    # bad input that the command named itself: its own words, as if this program had said them
     with pytest.raises(SystemExit) as stopped:
         with commands.exit_on_failure("quality.py"):
-            commands.run(python("raise SystemExit('run.sh: error: no data')"), name="preparing the data")
-    assert str(stopped.value) == "quality.py: error: preparing the data failed (exit 1): run.sh: error: no data"
+            commands.run(
+                python("raise SystemExit('run.sh: error: --test-sets x: not found')"), name="preparing the data"
+            )
+    assert str(stopped.value) == "quality.py: error: --test-sets x: not found"
+    # anything else: which command failed, how, and its last error line
+    with pytest.raises(SystemExit) as stopped:
+        with commands.exit_on_failure("quality.py"):
+            commands.run(python("raise MemoryError('out of memory')"), name="preparing the data")
+    assert str(stopped.value) == "quality.py: error: preparing the data failed (exit 1): MemoryError: out of memory"
