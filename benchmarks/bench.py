@@ -205,12 +205,6 @@ def say(who, text, file=None):
     print(f"[{who} {time.strftime('%H:%M:%S')}] {text}", file=file, flush=True)
 
 
-def run_logged(command, work, name, **options):
-    """*command* run in folder *work* (common.commands.run), its output kept in WORK/NAME.log: that
-    output, or CommandFailed (a RuntimeError) naming its last error line. train_update.py's."""
-    return commands.run(command, work / f"{name}.log", cwd=work, **options).output
-
-
 def prepare_multi30k(data, work, who):
     """The quality study's data (joint sentencepiece 8k, Multi30k En-De, test_2016_flickr) from the
     raw folder *data*, binarised once by the recipe into WORK/data/bin; that folder."""

@@ -66,17 +66,17 @@ import shlex
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 from benchmarks import compiled_train
-from benchmarks.bench import BASELINE, run_logged, say, train_log, write_json
+from benchmarks.bench import BASELINE, say, train_log, write_json
 from benchmarks.budget import MARGIN, Budget, Cell, Expected
 from benchmarks.update_ops import child
 from benchmarks.update_report import from_json, line, report
+from common import commands
 from common.host import host
 from common.repo import USER_DIR, VARIANTS
 
@@ -235,9 +235,10 @@ def measure(args, data, work, config, size):
     # caller names a cache of its own
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
     say("train-update", f"{size_name} {name}: fairseq-train {shlex.join(argv)}")
-    start = time.time()
-    log = run_logged([sys.executable, Path(__file__).resolve(), "--child", spec_path], work, tag, env=env)
-    wall_s = time.time() - start
+    child_run = commands.run(
+        [sys.executable, Path(__file__).resolve(), "--child", spec_path], work / f"{tag}.log", cwd=work, env=env
+    )
+    log, wall_s = child_run.output, child_run.seconds
     if not out_path.exists():
         raise RuntimeError(f"fairseq-train wrote no measurements; see {work / f'{tag}.log'}")
     inside = json.loads(out_path.read_text())
