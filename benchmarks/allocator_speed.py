@@ -21,17 +21,14 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
     os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.allocator_speed", *sys.argv[1:]], env)
 
-import argparse
 import os
 import statistics
-import sys
 
 from benchmarks import bench
 from benchmarks.bench import say
 from common import allocator, commands, fairseq_log
-from common.host import host
 from common.presets import PRESETS
-from common.repo import MULTI30K, USER_DIR, VARIANTS, VENV
+from common.repo import VARIANTS
 
 WHO = "allocator-speed"
 CPU_MODEL = tuple(PRESETS["cpu"].model)  # the quality study's widths: d=128, FFN 256, 4 heads
@@ -40,27 +37,16 @@ MODELS = {  # fairseq's own Transformer, and the Pre-LN study's variant on the p
     "pre-ln-realformer": ("--arch", "realformer_iwslt_de_en", *VARIANTS["pre-ln-realformer"]),
 }
 TRAIN = (
-    "--user-dir",
-    str(USER_DIR),
-    *"--cpu --source-lang en --target-lang de --share-all-embeddings --dropout 0.3 --optimizer adam "
-    "--adam-betas (0.9,0.98) --lr 2e-3 --lr-scheduler inverse_sqrt --warmup-updates 400 "
-    "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --seed 1 --num-workers 0 "
-    "--log-format json --no-progress-bar --disable-validation --no-save".split(),
+    *bench.MULTI30K_TRAINING,
+    *"--cpu --lr 2e-3 --lr-scheduler inverse_sqrt --warmup-updates 400 --max-tokens 4096 --no-save".split(),
 )
 SETTINGS = {"glibc defaults": {}, "allocator.py": allocator.SETTINGS}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS), help="comma list of %(default)s")
+    p = bench.training_parser(__doc__, MODELS, WHO, updates=30)
     p.add_argument("--layers", type=int, default=18, help="encoder and decoder layers (default: %(default)s)")
-    p.add_argument("--updates", type=int, default=30, help="training updates per run (default: %(default)s)")
-    p.add_argument("--log-interval", type=int, default=10, help="updates per wps line (default: %(default)s)")
-    p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
-    p.add_argument("--out", help="work folder (default: runs/allocator-speed; runs/ is REALFORMER_RUNS when set)")
     p.add_argument("--quick", action="store_true", help="4+4 layers, 12 updates: proves it runs")
-    p.add_argument("--machine", default=host())
-    p.add_argument("--json", help="also write the numbers here")
     args = p.parse_args(argv)
     if args.quick:
         args.layers, args.updates, args.log_interval = 4, 12, 4
@@ -81,7 +67,7 @@ def measure(args, data, model, jobs, setting):
     work = args.out / f"{model}-{jobs}x{threads}-{'tuned' if SETTINGS[setting] else 'default'}"
     work.mkdir(parents=True, exist_ok=True)
     layers = ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)]
-    cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], *CPU_MODEL, *layers]
+    cmd = [bench.fairseq_program("fairseq-train"), str(data), *TRAIN, *MODELS[model], *CPU_MODEL, *layers]
     cmd += ["--max-update", str(args.updates), "--log-interval", str(args.log_interval)]
     env = environment(SETTINGS[setting], threads)
     runs = []
@@ -123,7 +109,7 @@ def main(argv=None):
     rows = {}
     for model in args.models:
         for jobs in (1, 2):
-            order = list(SETTINGS) if len(rows) % 2 == 0 else list(reversed(SETTINGS))  # alternate the order
+            order = bench.in_turn(SETTINGS, len(rows))
             rows[model, jobs] = {setting: measure(args, data, model, jobs, setting) for setting in order}
     print(report(rows), flush=True)
     if args.json:

@@ -7,28 +7,27 @@ on the ``realformer`` architecture; any of them with ``+compiled`` appended trai
 layers (a plugin variant: ``--compile-layers``; ``fairseq+compiled``: fairseq's own layers compiled
 by hand with ``nn.Module.compile``, what a user of fairseq could do).
 
-Also what several benchmarks share: what fairseq-train's log says (train_update.py,
-compiled_train.py, bf16_speed.py, allocator_speed.py), the quality study's data, --json, a timer.
+Also what the benchmarks that run fairseq-train share (train_update.py, compiled_train.py,
+bf16_speed.py, allocator_speed.py): its flags, its log read, the quality study's data, --json.
 """
 
+import argparse
 import contextlib
+import os
 import re
 import shlex
+import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from common import commands, fairseq_log
-from common.repo import (
-    REPO,
-    RUNS,
-    STOCK,
-    USER_DIR,  # (variants read as a file: fairseq is not imported yet)
-    work_folder,
-)
-from common.repo import VARIANTS as PLUGIN_VARIANTS
+from common.host import host
+from common.repo import MULTI30K, REPO, RUNS, STOCK, USER_DIR, work_folder
+from common.repo import VARIANTS as PLUGIN_VARIANTS  # (read as a file: fairseq is not imported yet)
 from common.results import write_result
 
 VARIANTS = {
@@ -215,6 +214,57 @@ def prepare_multi30k(data, work, who):
         say(who, f"data: {shlex.join(cmd)}")
         commands.run(cmd, Path(work) / "prepare.log")
     return folder / "bin"
+
+
+# what every benchmark's fairseq-train trains with, besides its model, data, schedule and length
+TRAINING = tuple(
+    "--share-all-embeddings --optimizer adam --adam-betas (0.9,0.98) --criterion label_smoothed_cross_entropy "
+    "--label-smoothing 0.1 --num-workers 0 --log-format json".split()
+)
+# and on Multi30k on a CPU (bf16_speed.py, allocator_speed.py): the plugin, En-De, no validation
+MULTI30K_TRAINING = ("--user-dir", str(USER_DIR), *TRAINING) + tuple(
+    "--source-lang en --target-lang de --dropout 0.3 --seed 1 --no-progress-bar --disable-validation".split()
+)
+
+
+def fairseq_program(name):
+    """fairseq's command *name* (fairseq-train, fairseq-generate): beside this Python, else on PATH."""
+    return shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name) or name
+
+
+def in_turn(names, repeat):
+    """*names* in order at an even *repeat*, reversed at an odd one: a busy machine slows each alike."""
+    return tuple(names)[:: 1 if repeat % 2 == 0 else -1]
+
+
+def training_parser(doc, models, name, updates):
+    """The flags of a benchmark that trains *models* (their keys) on Multi30k and names its work
+    folder runs/NAME (bf16_speed.py, allocator_speed.py); ``check_training_args`` reads them."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(models), help="comma list of %(default)s")
+    p.add_argument("--updates", type=int, default=updates, help="training updates per run (default: %(default)s)")
+    p.add_argument("--log-interval", type=int, default=10, help="updates per wps line (default: %(default)s)")
+    p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
+    p.add_argument("--out", help=f"work folder (default: runs/{name}; runs/ is REALFORMER_RUNS when set)")
+    p.add_argument("--machine", default=host())
+    p.add_argument("--json", help="also write the numbers here")
+    return p
+
+
+def prepare_data(data, work, who, tiny=False):
+    """The binarised data of *data* (``multi30k``: ``prepare_multi30k``'s; ``toy``: the toy corpus,
+    scripts/toy_corpus.py, 20,000 pairs or 2,000 *tiny*, in WORK/bin), with a joined dictionary,
+    made once."""
+    if data == "multi30k":
+        return prepare_multi30k(MULTI30K, work, who)
+    folder, log = Path(work) / "bin", Path(work) / "prepare.log"
+    if not (folder / "dict.src.txt").exists():
+        corpus = [sys.executable, REPO / "scripts" / "toy_corpus.py", "--out-dir", work]
+        commands.run([*corpus, "--train", "2000" if tiny else "20000"], log)
+        splits = [arg for name in ("train", "valid", "test") for arg in (f"--{name}pref", Path(work) / name)]
+        binarize = [sys.executable, REPO / "scripts" / "binarize.py", "--source-lang", "src", "--target-lang", "tgt"]
+        commands.run([*binarize, *splits, "--destdir", folder, "--workers", "2"], log, append=True)
+    return folder
 
 
 def check_training_args(p, args, models, name):

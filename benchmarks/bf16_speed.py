@@ -1,28 +1,29 @@
 """bf16 against float32 as a user sees it: fairseq-train's own tokens/s (``wps``) and peak memory,
-and fairseq-generate's sentences/s with beam 5, for the same models, data and flags, run side by
-side on this machine (float32 and bf16 alternate, each repeat in a fresh process).
+and fairseq-generate's sentences/s with beam 5, for the same models, data and flags, float32 and
+bf16 alternating, each repeat in a fresh process.
 
     python benchmarks/bf16_speed.py --json benchmarks/results/cpu-bf16-speed.json
     python benchmarks/bf16_speed.py --quick          # a minute: proves it runs
     python benchmarks/bf16_speed.py --decode-only --threads 1 --models small-transformer,small-realformer
 
-Models (``--models``; bf16_decode_speed.MODELS):
+Models (``--models``):
   wmt-transformer   fairseq's transformer_wmt_en_de, 6L-6L, d=512 (FFN 2048, 8 heads)
   wmt-realformer    realformer_wmt_en_de (RealFormer on ADMIN, all paths, running mean), 6L-6L, d=512
   small-transformer fairseq's transformer at the quality study's size: 4+4, d=128, FFN 256, 4 heads
   small-realformer  realformer (the study's "realformer" variant) at that size
-all with shared embeddings on Multi30k En-De (joint sentencepiece, 8k: the quality study's data,
-binarised by examples/multi30k/run.sh --prepare-only), dropout 0.3, Adam, label smoothing 0.1,
---max-tokens 4096 (2048 at d=512). Training: --max-update N, the first logging interval is
-warm-up and is left out of the tokens/s. Memory: the peak resident set of the fairseq-train
-process (ru_maxrss), the model and data included. Generation: fairseq-generate translates about
---gen-sentences of the test set (one shard) with beam 5 from the checkpoint the first float32
-training run wrote, every hypothesis forced to 24 tokens (--min-len 24 --max-len-b 24): an
-untrained model would stop after one token, and a forced length makes both precisions decode the
-same steps.
+all with shared embeddings on the quality study's Multi30k En-De (joint sentencepiece 8k), dropout
+0.3, Adam, label smoothing 0.1, --max-tokens 4096 (2048 at d=512). Training: --max-update N; the
+first logging interval is warm-up, left out of the tokens/s. Memory: the fairseq-train process's
+peak resident set (ru_maxrss). Generation: about --gen-sentences of the test set (one shard), beam
+5, from the first float32 run's checkpoint, every hypothesis forced to 24 tokens (an untrained
+model would stop after one; a forced length makes both precisions decode the same steps).
 
---decode-only times the beam search alone, in one process, without data or training:
-benchmarks/bf16_decode_speed.py.
+--decode-only times the beam search alone, in this process, without data or training: random
+weights (ω profiled on one random batch, as speed.py's), a dictionary of Multi30k's size,
+--gen-sentences random sources of 8-20 tokens as one batch, fairseq's SequenceGenerator (beam 5,
+24 tokens), --repeats times in float32 and under the bf16 autocast (as fairseq-generate --bf16),
+alternating and swapping the order each repeat; each precision's median sentences/s and the median
+(and range) of the per-repeat ratios bf16 / float32.
 """
 
 if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
@@ -34,38 +35,39 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
     os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.bf16_speed", *sys.argv[1:]], env)
 
-import argparse
+import contextlib
 import os
 import re
 import shlex
 import statistics
-import sys
+import time
 from pathlib import Path
 
-from benchmarks import bench, bf16_decode_speed
+import torch
+
+from benchmarks import bench
 from benchmarks.bench import say
-from benchmarks.bf16_decode_speed import DECODE_VOCAB, GEN_LENGTH, MODELS
 from common import allocator, commands
-from common.host import host
-from common.repo import MULTI30K, USER_DIR, VENV
+from common.presets import PRESETS
+from common.repo import USER_DIR, VARIANTS
 from common.results import write_result
 
+SMALL = tuple(PRESETS["cpu"].model_flags())  # the quality study's model (--preset cpu): 4+4 layers, d=128
+MODELS = {
+    "wmt-transformer": ("--arch", "transformer_wmt_en_de", "--max-tokens", "2048"),
+    "wmt-realformer": ("--arch", "realformer_wmt_en_de", "--max-tokens", "2048"),
+    "small-transformer": ("--arch", "transformer", *SMALL, "--max-tokens", "4096"),
+    "small-realformer": ("--arch", "realformer_iwslt_de_en", *SMALL, *VARIANTS["realformer"], "--max-tokens", "4096"),
+}
+GEN_LENGTH = 24  # every hypothesis: about a Multi30k sentence's length in pieces
+DECODE_VOCAB = 7792  # the joint sentencepiece dictionary of Multi30k (examples/multi30k/run.sh), specials included
 TEST_SENTENCES = 1000  # test_2016_flickr
-TRAIN = (
-    "--user-dir",
-    str(USER_DIR),
-    *"--source-lang en --target-lang de --share-all-embeddings --dropout 0.3 --optimizer adam "
-    "--adam-betas (0.9,0.98) --lr 1e-3 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
-    "--seed 1 --num-workers 0 --log-format json --no-progress-bar --disable-validation "
-    "--no-epoch-checkpoints --save-interval-updates 1000000".split(),
-)
+PRECISIONS = ("fp32", "bf16")
+TRAIN = (*bench.MULTI30K_TRAINING, *"--lr 1e-3 --no-epoch-checkpoints --save-interval-updates 1000000".split())
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS), help="comma list of %(default)s")
-    p.add_argument("--updates", type=int, default=40, help="training updates per run (default: %(default)s)")
-    p.add_argument("--log-interval", type=int, default=10, help="updates per wps line (default: %(default)s)")
+    p = bench.training_parser(__doc__, MODELS, "bf16-speed", updates=40)
     p.add_argument("--repeats", type=int, default=2, help="float32/bf16 pairs per model (default: %(default)s)")
     p.add_argument("--gen-sentences", type=int, default=200, help="test sentences translated (default: %(default)s)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP threads (default: every core)")
@@ -73,13 +75,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--decode-only",
         action="store_true",
-        help="time beam decoding alone in this process, random weights and sources (bf16_decode_speed.py); "
+        help="time beam decoding alone in this process, random weights and sources; "
         "--repeats, --gen-sentences and --threads apply",
     )
-    p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
-    p.add_argument("--out", help="work folder (default: runs/bf16-speed; runs/ is REALFORMER_RUNS when set)")
-    p.add_argument("--machine", default=host())
-    p.add_argument("--json", help="also write the numbers here")
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.updates, args.log_interval = "small-transformer,small-realformer", 12, 4
@@ -101,7 +99,7 @@ def run_on_threads(cmd, args, log_path):
 def train(args, data, model, precision, repeat):
     work = args.out / f"{model}-{precision}-{repeat}"
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [str(VENV / "bin" / "fairseq-train"), str(data), *TRAIN, *MODELS[model], "--max-update", str(args.updates)]
+    cmd = [bench.fairseq_program("fairseq-train"), str(data), *TRAIN, *MODELS[model], "--max-update", str(args.updates)]
     cmd += ["--log-interval", str(args.log_interval), "--save-dir", str(work / "ckpt"), *cpu_flags(precision)]
     run = run_on_threads(cmd, args, work / "train.log")
     return {
@@ -113,39 +111,34 @@ def train(args, data, model, precision, repeat):
 
 
 def generate(args, data, checkpoint, precision, work):
-    cmd = [str(VENV / "bin" / "fairseq-generate"), str(data), "--user-dir", str(USER_DIR), "--path", checkpoint]
+    cmd = [bench.fairseq_program("fairseq-generate"), str(data), "--user-dir", str(USER_DIR), "--path", checkpoint]
     cmd += "--source-lang en --target-lang de --gen-subset test --beam 5 --batch-size 64 --max-len-a 0".split()
     cmd += ["--min-len", str(GEN_LENGTH), "--max-len-b", str(GEN_LENGTH)]
     # one shard of the 1,000-sentence test set (fairseq-generate shards by "rank")
     cmd += ["--distributed-world-size", str(max(1, TEST_SENTENCES // args.gen_sentences)), "--distributed-rank", "0"]
-    output = run_on_threads([*cmd, *cpu_flags(precision)], args, work / f"generate-{precision}.log").output
-    match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s", output)
+    log = work / f"generate-{precision}.log"
+    output = run_on_threads([*cmd, *cpu_flags(precision)], args, log).output
+    match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s", output)
     if not match:
-        raise SystemExit(f"bf16_speed.py: error: no timing line in {work / f'generate-{precision}.log'}")
-    sentences, tokens, seconds, _ = match.groups()
-    return {
-        "sentences": int(sentences.replace(",", "")),
-        "tokens": int(tokens.replace(",", "")),
-        "sentences_per_s": round(int(sentences.replace(",", "")) / float(seconds), 2),
-    }
+        raise SystemExit(f"bf16_speed.py: error: no timing line in {log}")
+    sentences, tokens = (int(n.replace(",", "")) for n in match.groups()[:2])
+    return {"sentences": sentences, "tokens": tokens, "sentences_per_s": round(sentences / float(match[3]), 2)}
 
 
 def measure(args, data, model):
-    runs = {"fp32": [], "bf16": []}
+    runs = {precision: [] for precision in PRECISIONS}
     for repeat in range(args.repeats):
-        for precision in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):  # alternate the order
+        for precision in bench.in_turn(PRECISIONS, repeat):
             result = train(args, data, model, precision, repeat)
             speed = f"{result['tokens_per_s']:.0f} tokens/s, peak {result['peak_rss_mb']:.0f} MB"
             say("bf16-speed", f"{model} {precision} #{repeat + 1}: {speed}")
             runs[precision].append(result)
     checkpoint = runs["fp32"][0]["checkpoint"]  # the same weights translated both ways
-    work = Path(checkpoint).parent.parent
-    generation = {}
-    for precision in ("fp32", "bf16", "fp32", "bf16")[: 2 * args.repeats]:
-        generation.setdefault(precision, []).append(generate(args, data, checkpoint, precision, work))
-    summary = {}
-    for precision in ("fp32", "bf16"):
-        summary[precision] = {
+    generation = {precision: [] for precision in PRECISIONS}
+    for precision in (PRECISIONS * 2)[: 2 * args.repeats]:
+        generation[precision].append(generate(args, data, checkpoint, precision, Path(checkpoint).parent.parent))
+    summary = {
+        precision: {
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[precision]),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs[precision]),
             "gen_sentences_per_s": statistics.median(g["sentences_per_s"] for g in generation[precision]),
@@ -153,12 +146,13 @@ def measure(args, data, model):
             "train_runs": [{k: v for k, v in r.items() if k != "checkpoint"} for r in runs[precision]],
             "generate_runs": generation[precision],
         }
+        for precision in PRECISIONS
+    }
     fp32, bf16 = summary["fp32"], summary["bf16"]
+    paired = statistics.median(b["tokens_per_s"] / f["tokens_per_s"] for f, b in zip(runs["fp32"], runs["bf16"]))
     summary["ratio"] = {
         "train_tokens_per_s": round(bf16["tokens_per_s"] / fp32["tokens_per_s"], 2),
-        "train_tokens_per_s_paired": round(
-            statistics.median(b["tokens_per_s"] / f["tokens_per_s"] for f, b in zip(runs["fp32"], runs["bf16"])), 2
-        ),
+        "train_tokens_per_s_paired": round(paired, 2),
         "gen_sentences_per_s": round(bf16["gen_sentences_per_s"] / fp32["gen_sentences_per_s"], 2),
         "peak_rss": round(bf16["peak_rss_mb"] / fp32["peak_rss_mb"], 2),
     }
@@ -181,49 +175,102 @@ def report(results):
     return "\n".join(rows)
 
 
-def write_json(args, argv, what, **fields):
-    """The numbers in --json, after what was measured, the header, the CPU's bf16 units and threads."""
-    import torch
+def decode_sample(dictionary, sentences, seed=1):
+    """Random left-padded sources of 8-20 tokens (EOS last), as fairseq's collater shapes them
+    (bench.batch's are of one length)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 21, (sentences,), generator=g)
+    src = torch.full((sentences, int(lengths.max())), dictionary.pad())
+    for i, n in enumerate(lengths.tolist()):
+        src[i, src.size(1) - n :] = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=g)
+        src[i, -1] = dictionary.eos()
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
 
-    units = bool(torch.cpu._is_avx512_bf16_supported())
-    write_result(
-        args.json, __file__, argv, args.machine, what=what, cpu_bf16_units=units, threads=args.threads, **fields
+
+def decode_speed(args, model):
+    """Beam-5 sentences/s of *model* with random weights, float32 and bf16 autocast alternating."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from fairseq_realformer.modules import admin
+    from fairseq_realformer.optim import precision
+
+    flags = (*MODELS[model], "--dropout", "0.3")  # its --arch, and its layers where not the WMT arch's 6
+    built, dictionary = bench.build("fairseq", 6, "cpu", torch.float32, flags, DECODE_VOCAB)
+    admin.initialize(built, bench.batch(dictionary, 64, 16, "cpu", seed=5)["net_input"])  # nothing without ADMIN
+    built.eval()
+    sample = decode_sample(dictionary, args.gen_sentences)
+    generator = SequenceGenerator(
+        [built], dictionary, beam_size=5, max_len_a=0, max_len_b=GEN_LENGTH, min_len=GEN_LENGTH
     )
-    print(f"[bf16-speed] wrote {args.json}")
+
+    def sentences_per_s(precision_name):
+        bf16 = precision_name == "bf16"
+        with torch.no_grad(), precision.autocast("cpu") if bf16 else contextlib.nullcontext():
+            start = time.perf_counter()
+            hypos = generator.forward(sample)
+            seconds = time.perf_counter() - start
+        assert all(len(h[0]["tokens"]) == GEN_LENGTH + 1 for h in hypos)  # the same steps: length + EOS
+        return args.gen_sentences / seconds
+
+    runs = {precision_name: [] for precision_name in PRECISIONS}
+    for precision_name in runs:  # warm-up: allocator, lazy initialisation, the autocast's first casts
+        sentences_per_s(precision_name)
+    for repeat in range(args.repeats):
+        for precision_name in bench.in_turn(PRECISIONS, repeat):
+            runs[precision_name].append(sentences_per_s(precision_name))
+    ratios = [b / f for f, b in zip(runs["fp32"], runs["bf16"])]
+    say("bf16-speed", f"{model}: bf16/fp32 {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]")
+    speeds = {
+        name: {**median_range(xs, 2, "sentences_per_s"), "runs": [round(x, 2) for x in xs]} for name, xs in runs.items()
+    }
+    return {**speeds, "ratio_paired": median_range(ratios, 3)}
+
+
+def median_range(xs, digits, median="median"):
+    return {median: round(statistics.median(xs), digits), "min": round(min(xs), digits), "max": round(max(xs), digits)}
+
+
+def decode_report(results):
+    rows = [
+        "| model | beam-5 sentences/s fp32 | bf16 | bf16 / fp32, paired: median | range |",
+        "|---|---|---|---|---|",
+    ]
+    for model, r in results.items():
+        x = r["ratio_paired"]
+        rows.append(
+            f"| {model} | {r['fp32']['sentences_per_s']:.1f} | {r['bf16']['sentences_per_s']:.1f} | "
+            f"{x['median']:.2f} | {x['min']:.2f}-{x['max']:.2f} |"
+        )
+    return "\n".join(rows)
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.decode_only:
-        results = bf16_decode_speed.measure_all(args)
-        if args.json:
-            write_json(
-                args,
-                argv,
-                "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: random weights "
-                "and sources, every hypothesis forced to the same length (bf16_speed.py --decode-only)",
-                repeats=args.repeats,
-                gen_sentences=args.gen_sentences,
-                gen_length=GEN_LENGTH,
-                vocabulary=DECODE_VOCAB,
-                results=results,
-            )
-        return
-    data = bench.prepare_multi30k(args.data, args.out, "bf16-speed")
-    results = {model: measure(args, data, model) for model in args.models}
-    print(report(results), flush=True)
-    if args.json:
-        write_json(
-            args,
-            argv,
-            "bf16 mixed precision (--bf16) against float32: fairseq-train's tokens/s and peak RSS, "
-            "fairseq-generate beam 5 sentences/s, Multi30k En-De, on a CPU",
-            updates=args.updates,
-            log_interval=args.log_interval,
-            repeats=args.repeats,
-            gen_sentences=args.gen_sentences,
-            results=results,
+        torch.set_num_threads(args.threads)
+        results = {model: decode_speed(args, model) for model in args.models}
+        print(decode_report(results), flush=True)
+        what = (
+            "beam-5 decoding alone, bf16 autocast against float32, alternating in one process: random weights "
+            "and sources, every hypothesis forced to the same length (bf16_speed.py --decode-only)"
         )
+        lengths = {"repeats": args.repeats, "gen_sentences": args.gen_sentences}
+        fields = {**lengths, "gen_length": GEN_LENGTH, "vocabulary": DECODE_VOCAB, "results": results}
+    else:
+        data = bench.prepare_multi30k(args.data, args.out, "bf16-speed")
+        results = {model: measure(args, data, model) for model in args.models}
+        print(report(results), flush=True)
+        what = (
+            "bf16 mixed precision (--bf16) against float32: fairseq-train's tokens/s and peak RSS, "
+            "fairseq-generate beam 5 sentences/s, Multi30k En-De, on a CPU"
+        )
+        lengths = {"updates": args.updates, "log_interval": args.log_interval, "repeats": args.repeats}
+        fields = {**lengths, "gen_sentences": args.gen_sentences, "results": results}
+    if args.json:
+        units = bool(torch.cpu._is_avx512_bf16_supported())  # the CPU's bf16 units
+        fields = {"cpu_bf16_units": units, "threads": args.threads, **fields}
+        write_result(args.json, __file__, argv, args.machine, what=what, **fields)
+        print(f"[bf16-speed] wrote {args.json}")
 
 
 if __name__ == "__main__":

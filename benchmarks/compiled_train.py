@@ -28,20 +28,17 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     os.execve(sys.executable, [sys.executable, *safe, "-m", "benchmarks.compiled_train", *sys.argv[1:]], env)
 
 import argparse
-import os
 import shlex
-import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from benchmarks.bench import prepare_multi30k, say, train_log, write_json
+from benchmarks.bench import TRAINING, fairseq_program, prepare_data, say, train_log, write_json
 from common import allocator, commands, fairseq_log
 from common.host import host
 from common.presets import PRESETS
-from common.repo import MULTI30K, REPO, USER_DIR, VARIANTS
+from common.repo import USER_DIR, VARIANTS
 
 TINY = (
     "--encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 2 --encoder-layers 2 "
@@ -70,22 +67,6 @@ def parse_args(argv=None):
     return args
 
 
-def prepare(args, work: Path) -> Path:
-    """The binarised data, with a joined dictionary (skipped when done): Multi30k as the benchmarks
-    prepare it (bench.prepare_multi30k), or the toy corpus in WORK/bin."""
-    if args.data == "multi30k":
-        return prepare_multi30k(MULTI30K, work, "compiled-train")
-    data, log = work / "bin", work / "prepare.log"
-    if (data / "dict.src.txt").exists():
-        return data
-    corpus = [sys.executable, REPO / "scripts" / "toy_corpus.py", "--out-dir", work]
-    commands.run([*corpus, "--train", "2000" if args.tiny else "20000"], log)
-    splits = [arg for name in ("train", "valid", "test") for arg in (f"--{name}pref", work / name)]
-    binarize = [sys.executable, REPO / "scripts" / "binarize.py", "--source-lang", "src", "--target-lang", "tgt"]
-    commands.run([*binarize, *splits, "--destdir", data, "--workers", "2"], log, append=True)
-    return data
-
-
 def flags(args):
     """What both runs train with, after the data and the plugin."""
     if args.data == "multi30k":
@@ -99,14 +80,11 @@ def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
     """One fairseq-train run: words/s, the last logged training loss, the validation losses,
     the compile line."""
     name = f"{'compiled' if compiled else 'eager'}-seed{seed}"
-    fairseq_train = shutil.which("fairseq-train", path=os.path.dirname(sys.executable)) or shutil.which("fairseq-train")
     command = [
-        fairseq_train,
+        fairseq_program("fairseq-train"),
         str(data),
-        *("--user-dir", str(USER_DIR), "--share-all-embeddings"),
-        *"--optimizer adam --adam-betas (0.9,0.98) --lr-scheduler inverse_sqrt --max-tokens 4096".split(),
-        *"--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --num-workers 0 --no-save".split(),
-        *"--log-format json --log-interval 10".split(),
+        *("--user-dir", str(USER_DIR), *TRAINING),
+        *"--lr-scheduler inverse_sqrt --max-tokens 4096 --no-save --log-interval 10".split(),
         *flags(args),
         *("--seed", str(seed)),
         *(["--bf16"] if args.bf16 else []),
@@ -128,8 +106,7 @@ def write_results(args, argv, runs, ratio):
 def main(argv=None):
     args = parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="compiled-train-"))
-    work.mkdir(parents=True, exist_ok=True)
-    data = prepare(args, work)
+    data = prepare_data(args.data, work, "compiled-train", tiny=args.tiny)
     runs = []
     for seed, compiled in [(seed, False) for seed in args.seeds] + [(args.seeds[0], True)]:
         runs.append(train(args, data, work, seed, compiled))

@@ -67,12 +67,10 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
-from benchmarks import compiled_train
-from benchmarks.bench import BASELINE, say, train_log, write_json
+from benchmarks.bench import BASELINE, TRAINING, prepare_data, say, train_log, write_json
 from benchmarks.budget import MARGIN, Budget, Cell, Expected
 from benchmarks.update_ops import child
 from benchmarks.update_report import from_json, line, report
@@ -199,12 +197,17 @@ def train_argv(args, data, config, layers, width):
         argv += ["--user-dir", str(USER_DIR)]
     argv += CONFIGS[base] + size_flags(layers, width)
     source, target = ("en", "de") if args.data == "multi30k" else ("src", "tgt")
-    argv += ["--share-all-embeddings", "--source-lang", source, "--target-lang", target]
-    argv += "--optimizer adam --adam-betas (0.9,0.98) --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 50".split()
-    argv += "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --num-workers 0 --no-save".split()
-    argv += ["--disable-validation", "--max-update", str(args.updates), "--clip-norm", str(args.clip_norm)]
+    argv += [*TRAINING, "--source-lang", source, "--target-lang", target]
+    argv += "--lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 50 --no-save --disable-validation --seed 1".split()
+    argv += [
+        "--max-update",
+        str(args.updates),
+        "--clip-norm",
+        str(args.clip_norm),
+        "--log-interval",
+        str(args.log_interval),
+    ]
     argv += ["--max-tokens", str(args.max_tokens or round(args.tokens * MAX_TOKENS_PER_TARGET[args.data]))]
-    argv += ["--log-format", "json", "--log-interval", str(args.log_interval), "--seed", "1"]
     argv += PRECISIONS[precision_of(args, config)]
     if args.device == "cpu":
         argv.append("--cpu")
@@ -290,9 +293,8 @@ def main(argv=None):
         print(from_json(json.loads(Path(args.summary).read_text())))
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="train-update-"))
-    work.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
-    data = compiled_train.prepare(SimpleNamespace(data=args.data, tiny=False), work)  # toy: 20,000 pairs
+    data = prepare_data(args.data, work, "train-update")
     expected = Expected(args.compile_guess, SETUP_GUESS_S, BASELINE)
     records, skipped = [], []
     compiled = {}  # configuration -> its latest run's compiling seconds
