@@ -85,22 +85,17 @@ def describe(run):
 
 def report(rows):
     """The table: per model and layout, glibc's defaults beside the settings."""
-    lines = [
-        "| model | jobs × threads | words/s, glibc defaults | words/s, allocator.py | × | "
-        "peak RSS MB, defaults | allocator.py | same losses |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    table = []
     for (model, jobs), pair in rows.items():
         default, tuned = pair["glibc defaults"], pair["allocator.py"]
         speed = [" + ".join(f"{r['words_per_s']:.0f}" for r in cell["runs"]) for cell in (default, tuned)]
         total = [sum(r["words_per_s"] for r in cell["runs"]) for cell in (default, tuned)]
         peaks = [max(r["peak_rss_mb"] for r in cell["runs"]) for cell in (default, tuned)]
         same = all(a["losses"] == b["losses"] for a, b in zip(default["runs"], tuned["runs"]))
-        lines.append(
-            f"| {model} | {jobs} × {default['threads']} | {speed[0]} | {speed[1]} | {total[1] / total[0]:.2f} | "
-            f"{peaks[0]} | {peaks[1]} | {'yes' if same else 'NO'} |"
-        )
-    return "\n".join(lines)
+        table.append([model, f"{jobs} × {default['threads']}", *speed, f"{total[1] / total[0]:.2f}", *peaks])
+        table[-1].append("yes" if same else "NO")
+    header = ["model", "jobs × threads", "words/s, glibc defaults", "words/s, allocator.py", "×"]
+    return "\n".join(bench.table([*header, "peak RSS MB, defaults", "allocator.py", "same losses"], table))
 
 
 def main(argv=None):

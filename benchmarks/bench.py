@@ -199,6 +199,18 @@ def timed(fn):
     return time.perf_counter() - start
 
 
+def ratio(x, y, digits=3):
+    """*x* / *y* for a table, or — where either is missing (or zero)."""
+    return f"{x / y:.{digits}f}" if x and y else "—"
+
+
+def table(header, rows):
+    """A Markdown table's lines: *header*'s cells, then each row's."""
+    cells = [header, *rows]
+    lines = [f"| {' | '.join(map(str, row))} |" for row in cells]
+    return [lines[0], "|" + "---|" * len(header), *lines[1:]]
+
+
 def say(who, text, file=None):
     """A progress line, ``[WHO HH:MM:SS] TEXT``, flushed."""
     print(f"[{who} {time.strftime('%H:%M:%S')}] {text}", file=file, flush=True)

@@ -160,19 +160,15 @@ def measure(args, data, model):
 
 
 def report(results):
-    rows = [
-        "| model | training tokens/s fp32 | bf16 | × | paired × | beam-5 sentences/s fp32 | bf16 | × "
-        "| peak RSS MB fp32 | bf16 | × |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["model", "training tokens/s fp32", "bf16", "×", "paired ×", "beam-5 sentences/s fp32", "bf16", "×"]
+    rows = []
     for model, r in results.items():
         f, b, x = r["fp32"], r["bf16"], r["ratio"]
-        rows.append(
-            f"| {model} | {f['tokens_per_s']:.0f} | {b['tokens_per_s']:.0f} | {x['train_tokens_per_s']:.2f} | "
-            f"{x['train_tokens_per_s_paired']:.2f} | {f['gen_sentences_per_s']:.1f} | {b['gen_sentences_per_s']:.1f} | "
-            f"{x['gen_sentences_per_s']:.2f} | {f['peak_rss_mb']:.0f} | {b['peak_rss_mb']:.0f} | {x['peak_rss']:.2f} |"
-        )
-    return "\n".join(rows)
+        row = [model, f"{f['tokens_per_s']:.0f}", f"{b['tokens_per_s']:.0f}", f"{x['train_tokens_per_s']:.2f}"]
+        row += [f"{x['train_tokens_per_s_paired']:.2f}", f"{f['gen_sentences_per_s']:.1f}"]
+        row += [f"{b['gen_sentences_per_s']:.1f}", f"{x['gen_sentences_per_s']:.2f}"]
+        rows.append([*row, f"{f['peak_rss_mb']:.0f}", f"{b['peak_rss_mb']:.0f}", f"{x['peak_rss']:.2f}"])
+    return "\n".join(bench.table([*header, "peak RSS MB fp32", "bf16", "×"], rows))
 
 
 def decode_sample(dictionary, sentences, seed=1):
@@ -231,17 +227,13 @@ def median_range(xs, digits, median="median"):
 
 
 def decode_report(results):
-    rows = [
-        "| model | beam-5 sentences/s fp32 | bf16 | bf16 / fp32, paired: median | range |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for model, r in results.items():
         x = r["ratio_paired"]
-        rows.append(
-            f"| {model} | {r['fp32']['sentences_per_s']:.1f} | {r['bf16']['sentences_per_s']:.1f} | "
-            f"{x['median']:.2f} | {x['min']:.2f}-{x['max']:.2f} |"
-        )
-    return "\n".join(rows)
+        speeds = [f"{r[precision]['sentences_per_s']:.1f}" for precision in PRECISIONS]
+        rows.append([model, *speeds, f"{x['median']:.2f}", f"{x['min']:.2f}-{x['max']:.2f}"])
+    header = ["model", "beam-5 sentences/s fp32", "bf16", "bf16 / fp32, paired: median", "range"]
+    return "\n".join(bench.table(header, rows))
 
 
 def main(argv=None):

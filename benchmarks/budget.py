@@ -12,13 +12,11 @@ step not; for a variant not seen yet, twice the baseline's (the baseline's steps
 other variant's). Every expectation is taken ``MARGIN`` times over. The first ``always``
 measurements (the question itself) run whatever the budget says; a cell whose baseline was
 skipped or failed is skipped, since its other variants would compare with nothing.
-
-``run`` drives any ``Measurer`` (benchmarks/speed.py's, or a test's fake with a fake clock).
 """
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 MARGIN = 1.25  # expectations are estimates from one earlier measurement: keep a quarter in hand
 
@@ -47,9 +45,10 @@ class Cell:
     layers: int
     length: int
     tokens: int
+    width: Optional[int] = None  # train_update.py's: on a CPU a step's time grows (roughly) with it too
 
     def work(self) -> int:  # what a training step's time grows with, near enough for a budget
-        return self.layers * self.tokens
+        return self.layers * self.tokens * (1 if self.width is None else self.width + 16)
 
     def describe(self) -> str:
         return f"{self.size}, length {self.length}, {self.tokens} tokens"
@@ -112,22 +111,10 @@ class Expected:
         self.probes[variant] = seconds
 
 
-class Measurer(Protocol):
-    fresh_probes: bool  # a memory probe runs in a new process (and compiles again)
-
-    def compiles(self, variant: str) -> bool: ...
-
-    def time(self, variant: str, cell: Cell) -> dict: ...  # its record, with "compile_s" and "steps_s"
-
-    def end_timings(self, cell: Cell) -> None: ...  # the cell's timings are done: free what they held
-
-    def probe(self, variant: str, cell: Cell) -> int: ...  # peak memory, bytes
-
-
 def run(
     cells: List[Cell],
     variants: List[str],
-    measurer: Measurer,
+    measurer,
     budget: Budget,
     expected: Expected,
     written: Callable[[List[dict], List[dict]], None],
@@ -135,7 +122,12 @@ def run(
 ) -> Tuple[List[dict], List[dict]]:
     """Every variant at every cell, in order: a cell's timings, then its memory probes. Each
     record and each skip is kept the moment it is known and ``written(records, skipped)`` is
-    called, so a run stopped from outside keeps what it measured. Returns (records, skipped)."""
+    called, so a run stopped from outside keeps what it measured. Returns (records, skipped).
+
+    *measurer* (speed.py's Timings, or a test's fake on a fake clock): ``time(variant, cell)``, its
+    record with ``compile_s`` and ``steps_s``; ``compiles(variant)``; ``end_timings(cell)`` frees
+    what the cell's timings held; ``probe(variant, cell)``, peak memory in bytes; ``fresh_probes``,
+    whether a probe runs in a new process (and compiles again)."""
     records: List[dict] = []
     skipped: List[dict] = []
 

@@ -1,16 +1,13 @@
 """fairseq-train with ``--compile-layers`` against the same training eager, as a user runs it: words
 per second, the training loss at the end and the validation loss of every epoch.
 
-Every run trains the same architecture on the same data with the same flags, one after the
-other, in subprocesses: eager with each of ``--seeds``, compiled with the first (the spread of
-the eager seeds is the noise a compiled run is judged against: dropout draws other masks
-compiled than eager, so the two agree within noise, not to the digit). words/s is the median of
-fairseq's logged ``wps`` over the intervals after the first ``--skip`` updates (the compiled run
-compiles in its first steps); the compiled run's log line with its compile time is kept.
-
-Data: ``toy``, the toy corpus (scripts/toy_corpus.py, no download), for ``--updates`` updates
-without validation; or ``multi30k``, binarised as the Multi30k recipe does (joint sentencepiece,
-examples/multi30k/run.sh --prepare-only), for ``--epochs`` epochs with validation after each.
+The same architecture, data and flags, one run after the other: eager with each of ``--seeds``,
+compiled with the first (dropout draws other masks compiled than eager, so the two agree within the
+eager seeds' spread, not to the digit). words/s: the median of fairseq's logged ``wps`` after the
+first ``--skip`` updates (the compiled run compiles in its first steps); the compiled run's compile
+time is kept from its log. Data: ``toy``, the toy corpus (scripts/toy_corpus.py, no download), for
+``--updates`` updates without validation; or ``multi30k``, as the Multi30k recipe binarises it, for
+``--epochs`` epochs with validation after each.
 
     python benchmarks/compiled_train.py --bf16 --json benchmarks/results/gpu-compiled-train.json
     python benchmarks/compiled_train.py --tiny --updates 20 --skip 10   # a CPU rehearsal, minutes
@@ -34,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import TRAINING, fairseq_program, prepare_data, say, train_log, write_json
+from benchmarks.bench import TRAINING, fairseq_program, prepare_data, say, table, train_log, write_json
 from common import allocator, commands, fairseq_log
 from common.host import host
 from common.presets import PRESETS
@@ -114,14 +111,14 @@ def main(argv=None):
     eager, compiled = runs[0], runs[-1]
     ratio = compiled["wps"] / eager["wps"] if eager["wps"] and compiled["wps"] else None
     loss_change = (compiled["loss_at_end"] - eager["loss_at_end"]) / eager["loss_at_end"]
-    epochs = [epoch for epoch, _ in eager["valid_loss"]]
-    header = "".join(f" valid loss, epoch {epoch} |" for epoch in epochs)
-    print(f"| run | words/s (after update {args.skip}) | training loss at the end | wall s |{header}")
-    print("|---" * (4 + len(epochs)) + "|")
+    header = ["run", f"words/s (after update {args.skip})", "training loss at the end", "wall s"]
+    header += [f"valid loss, epoch {epoch}" for epoch, _ in eager["valid_loss"]]
+    rows = []
     for run in runs:
         name = f"{'compiled' if run['compiled'] else 'eager'} seed {run['seed']}"
-        curve = "".join(f" {loss:.3f} |" for _, loss in run["valid_loss"])
-        print(f"| {name} | {run['wps']:.0f} | {run['loss_at_end']:.3f} | {run['wall_s']:.0f} |{curve}")
+        rows.append([name, f"{run['wps']:.0f}", f"{run['loss_at_end']:.3f}", f"{run['wall_s']:.0f}"])
+        rows[-1] += [f"{loss:.3f}" for _, loss in run["valid_loss"]]
+    print("\n".join(table(header, rows)))
     print(
         f"compiled / eager words/s: {ratio:.3f}; loss at the end {loss_change:+.2%}; {'; '.join(compiled['compile_log'])}"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import DTYPES, SIZES, Bench, batch, build
+from benchmarks.bench import DTYPES, SIZES, Bench, batch, build, ratio, table
 from common import commands
 
 SPEED = Path(__file__).with_name("speed.py")  # the fresh process: speed.py's probe options
@@ -84,21 +84,15 @@ def saved_for_backward_bytes(args, variant, size, length):
 def count_saved_activations(args):
     """--saved-activations: each variant's bytes saved for backward per cell, in a fresh process
     each; printed as a table and returned for the JSON."""
-    lines = [
-        "",
-        f"Tensors saved for backward, one training forward pass of 4096 target tokens in {args.saved_activations}:",
-        "",
-        "| size | length | variant | MiB | × fairseq |",
-        "|---|---|---|---|---|",
-    ]
-    saved = []
+    saved, rows = [], []
     for size in args.sizes:
         for length in args.lengths:
             cell = {v: in_fresh_process(args, "--saved-probe", v, size, length) for v in args.variants}
             for v, n in cell.items():
                 where = {"variant": v, "size": size, "length": length, "dtype": args.saved_activations}
                 saved.append({**where, "saved_for_backward_bytes": n})
-                ratio = f"{n / cell['fairseq']:.3f}" if "fairseq" in cell else "—"
-                lines.append(f"| {size} | {length} | {v} | {n / 2**20:.0f} | {ratio} |")
-    print("\n".join(lines))
+                rows.append([size, length, v, f"{n / 2**20:.0f}", ratio(n, cell.get("fairseq"))])
+    dtype = args.saved_activations
+    print(f"\nTensors saved for backward, one training forward pass of 4096 target tokens in {dtype}:\n")
+    print("\n".join(table(["size", "length", "variant", "MiB", "× fairseq"], rows)))
     return saved

@@ -2,44 +2,32 @@
 
 Variants (same sizes, batches and weights' shapes): ``fairseq``, fairseq's stock ``transformer``
 (Post-LN, fused SDPA self-attention in training), and those of fairseq_realformer/variants.py on
-the ``realformer`` architecture; by default
-    post-ln          our model with no residual path, Post-LN: fairseq's own modules (must cost nothing;
-                     since issue 41 their training self-attention projects q, k, v in one GEMM)
-    realformer-sum   RealFormer on ADMIN (profiled ω), all three paths, running sum
-    realformer       RealFormer on ADMIN (profiled ω), all three paths, running mean (the paper's)
+the ``realformer`` architecture; by default ``post-ln`` (fairseq's own modules: must cost nothing),
+``realformer-sum`` and ``realformer`` (RealFormer on ADMIN, profiled ω, all three paths, running sum
+or mean: the paper's). ``+compiled`` appended trains with compiled layers: a plugin variant with
+``--compile-layers``, ``fairseq+compiled`` with fairseq's layers compiled by hand (``nn.Module.compile``,
+what a fairseq user could do); its first training step, which compiles, is timed apart (``warmup_s``;
+``compile_s``, the compiler's own time), and it decodes eager, untimed.
 
-Measured for each size (6L-6L and 18L-18L, 512/2048/8) and sentence length (~30 and ~100 tokens):
-training tokens/s (forward + backward + Adam step; target tokens), peak memory of doing the same
-training steps (GPU: max allocated above the allocation before the model is built, in this process
-once the timing runs' models are freed; CPU: peak RSS of a fresh process above its RSS before the
-model is built), and beam-4 generation sentences/s with incremental decoding (every hypothesis exactly as long as the reference length, so every
-variant does the same work). Timings are interleaved across variants, repeated, and reported as
-medians; the table gives each variant's ratio to fairseq in the same run, both as the ratio of
-the medians and as the median of the per-repeat (paired) ratios.
+Measured for each size (6L-6L and 18L-18L, 512/2048/8), sentence length (~30 and ~100 tokens) and
+--tokens-per-batch (a comma list: each timed, generation at the first only): training tokens/s
+(forward + backward + Adam step; target tokens), the peak memory of those steps (memory.py), and
+beam-4 sentences/s with incremental decoding (--gen-sentences a batch, 0: none; every hypothesis as
+long as the reference, so every variant does the same work). Timings are interleaved across
+variants and repeated; the tables give medians and each variant's ratio to fairseq in the same
+cell, as the ratio of the medians and as the median of the per-repeat (paired) ratios.
 
-Precision on a GPU (``--dtype``) is what fairseq-train does with the plugin loaded:
-    fp32   float32 throughout
-    bf16   ``--bf16``: float32 weights, gradients and Adam; forward (training and generation) under
-           the plugin's bfloat16 autocast (fairseq_realformer/optim/precision.py)
-    fp16   ``--fp16``: the model cast to float16 and a float32 master copy that Adam steps, the
-           loss scaled by 128 (fairseq's FP16Optimizer at its initial scale; overflow checks aside)
+Precision on a GPU (--dtype), as fairseq-train with the plugin: ``fp32``; ``bf16`` (--bf16: float32
+weights, gradients and Adam, the forward under the plugin's bfloat16 autocast); ``fp16`` (--fp16: a
+float16 model, float32 master weights that Adam steps, the loss scaled by 128 as fairseq's
+FP16Optimizer starts, its overflow checks aside). --profile also records each variant's CUDA
+kernels in one training step (cuda_profile.py): the attention kernels name the SDPA backend that
+ran, and the device's busy time against the step's length says whether the step waits on the host.
 
     python benchmarks/speed.py --quick                 # CPU, a few minutes
     python benchmarks/speed.py --quick --variants fairseq,realformer,realformer-value-residual,resi-dual,resi-dual-realformer
     python benchmarks/speed.py --dtype bf16 --json gpu.json   # on a GPU (and --dtype fp16)
-
-A variant's name with ``+compiled`` appended trains with compiled layers: a plugin variant with
-``--compile-layers`` (fairseq_realformer/modules/compiled.py), ``fairseq+compiled`` with fairseq's
-own layers compiled by hand (``nn.Module.compile``, what a user of fairseq could do), e.g.
-``--variants fairseq,fairseq+compiled,realformer,realformer+compiled``. Their first training
-step, which compiles, is timed apart (``warmup_s``, and ``compile_s``: the compiler's own time); their
-decoding runs eager, so it is not timed again. ``--tokens-per-batch 4096,16384`` times
-training at each batch size (generation, whose batch is ``--gen-sentences``, at the first only;
-``--gen-sentences 0``: none).
-``--profile`` also records, per cell and variant, the CUDA kernels of one training step
-(torch.profiler) and the attention kernels among them, which name the SDPA backend that ran; and
-the device's busy time in that step, against the timed step's length: a step the GPU is busy for
-only part of waits on the host, and fewer kernels (or less Python) are what make it faster.
+    python benchmarks/speed.py --variants fairseq,fairseq+compiled,realformer,realformer+compiled
 """
 
 if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
@@ -81,8 +69,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--tokens-per-batch",
         metavar="N[,N...]",
-        help="training batch size in target tokens, or a comma list of sizes, each timed "
-        "(default: 4096 on GPU, 1024 on CPU, 512 with --quick)",
+        help="target tokens a batch, or a list (default: 4096 GPU, 1024 CPU, 512 --quick)",
     )
     p.add_argument(
         "--gen-sentences", type=int, help="sentences per generation batch (default: 64 GPU, 8 CPU, 4 --quick)"
@@ -100,36 +87,24 @@ def parse_args(argv=None):
         "--saved-activations",
         choices=DTYPES,
         metavar="DTYPE",
-        help="also count the bytes autograd saves for backward in one training forward pass, "
-        "in DTYPE at 4096 target tokens (any device): the part of training memory the "
-        "attention implementation decides, e.g. bf16 on a CPU for what a GPU would hold",
+        help="also count the bytes autograd saves for backward in one training forward pass of 4096 target "
+        "tokens in DTYPE, on any device (bf16 on a CPU: what a GPU would hold)",
     )
-    p.add_argument(
-        "--saved-only",
-        action="store_true",
-        help="with --saved-activations: count the saved bytes only, with no timed steps (minutes, not an hour)",
-    )
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="count the CUDA kernels of one training step per variant (torch.profiler; none on a CPU) "
-        "and name the attention kernels among them",
-    )
+    p.add_argument("--saved-only", action="store_true", help="with --saved-activations: no timed steps")
+    p.add_argument("--profile", action="store_true", help="the CUDA kernels of one training step (torch.profiler)")
     p.add_argument(
         "--budget",
         type=float,
         metavar="SECONDS",
-        help="the seconds this run may use: a variant or a memory probe starts only if what it is "
-        "expected to take fits in what is left (benchmarks/budget.py); the baseline and the next "
-        "variant at the first cell run whatever (default: no limit)",
+        help="seconds this run may use: a measurement starts only if it is expected to fit (budget.py); the "
+        "baseline and the next variant at the first cell run whatever (default: no limit)",
     )
     p.add_argument(
         "--compile-guess",
         type=float,
         default=COMPILE_GUESS_S,
         metavar="SECONDS",
-        help="the first compiled variant's expected compile time, before any has compiled "
-        "(default: %(default)s; later ones expect what was seen)",
+        help="a compiled variant's compiling, before any has compiled (default: %(default)s)",
     )
     p.add_argument("--json", help="also write the numbers here, as each variant is measured")
     p.add_argument("--summary", metavar="JSON", help="print the short table of this run's JSON, and nothing else")

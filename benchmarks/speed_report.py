@@ -4,7 +4,7 @@ table a GPU run ends with."""
 
 import torch
 
-from benchmarks.bench import BASELINE, COMPILED, PRECISIONS
+from benchmarks.bench import BASELINE, COMPILED, PRECISIONS, ratio, table
 from common.host import cpu_model, host
 
 
@@ -29,6 +29,10 @@ def paired(run):
     return f"{run['train_ratio_paired']:.3f} / " + ("—" if gen is None else f"{gen:.3f}")
 
 
+def cell(run):
+    return run["size"], run["length"], run["tokens_per_batch"]
+
+
 def busy_share(run):
     kernels = run.get("cuda_kernels") or {}
     if not kernels.get("busy_us") or not run.get("train_step_ms"):
@@ -45,41 +49,34 @@ def attention_ms(run):
 
 def report(args, runs, skipped=(), budget=None):
     budgets = ", ".join(map(str, args.token_budgets))
+    header = ["size", "length", "tokens", "variant", "parameters", "train tokens/s", "× fairseq"]
+    header += ["peak memory (MiB)", "× fairseq", "beam-4 sents/s", "× fairseq", "paired × fairseq train / gen"]
+    header += ["spread train / gen"]
+    if args.profile:
+        header += ["CUDA kernels / step", "× fairseq", "GPU busy / step", "attention kernels (ms)"]
+    base = {cell(r): r for r in runs if r["variant"] == BASELINE}
+    rows = []
+    for r in runs:
+        b = base.get(cell(r), {})
+        gen = f"{r['gen_sents_per_s']:.2f}" if "gen_sents_per_s" in r else "—"
+        gen_spread = f"{r['gen_spread']:.0%}" if "gen_spread" in r else "—"
+        row = [*cell(r), r["variant"], f"{r['parameters']:,}", f"{r['train_tokens_per_s']:.0f}"]
+        row += [ratio(r["train_tokens_per_s"], b.get("train_tokens_per_s")), mib(r.get("peak_mem_bytes"))]
+        row += [ratio(r.get("peak_mem_bytes"), b.get("peak_mem_bytes")), gen]
+        row += [ratio(r.get("gen_sents_per_s"), b.get("gen_sents_per_s")), paired(r)]
+        row += [f"{r['train_spread']:.0%} / {gen_spread}"]
+        if args.profile:
+            kernels, base_kernels = r.get("cuda_kernels") or {}, b.get("cuda_kernels") or {}
+            count = kernels.get("total", "—")
+            row += [count, ratio(kernels.get("total"), base_kernels.get("total")), busy_share(r), attention_ms(r)]
+        rows.append(row)
     lines = [
         f"Device: {device_name(args)}; torch {torch.__version__}; training batch ≈{budgets} "
         f"target tokens, {args.steps} steps × {args.repeats} interleaved repeats (medians); "
         f"generation: beam 4, {args.gen_sentences} sentences per batch",
         "",
-        "| size | length | tokens | variant | parameters | train tokens/s | × fairseq | peak memory (MiB) | × fairseq | "
-        "beam-4 sents/s | × fairseq | paired × fairseq train / gen | spread train / gen |"
-        + (" CUDA kernels / step | × fairseq | GPU busy / step | attention kernels (ms) |" if args.profile else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if args.profile else ""),
+        *table(header, rows),
     ]
-    cell = lambda r: (r["size"], r["length"], r["tokens_per_batch"])  # noqa: E731
-    base = {cell(r): r for r in runs if r["variant"] == "fairseq"}
-    for r in runs:
-        b = base.get(cell(r))
-        ratio = lambda key: f"{r[key] / b[key]:.3f}" if b and b.get(key) and r.get(key) else "—"  # noqa: E731
-        gen = f"{r['gen_sents_per_s']:.2f}" if "gen_sents_per_s" in r else "—"
-        gen_spread = f"{r['gen_spread']:.0%}" if "gen_spread" in r else "—"
-        parameters = f"{r['parameters']:,}" if "parameters" in r else "—"  # not in JSONs before 2026-12-05
-        line = (
-            f"| {r['size']} | {r['length']} | {r['tokens_per_batch']} | {r['variant']} | {parameters} | "
-            f"{r['train_tokens_per_s']:.0f} | {ratio('train_tokens_per_s')} | {mib(r.get('peak_mem_bytes'))} | "
-            f"{ratio('peak_mem_bytes')} | {gen} | {ratio('gen_sents_per_s')} | {paired(r)} | "
-            f"{r['train_spread']:.0%} / {gen_spread} |"
-        )
-        if args.profile:
-            kernels, base_kernels = r.get("cuda_kernels"), (b or {}).get("cuda_kernels")
-            counted = kernels and "total" in kernels
-            count = f"{kernels['total']}" if counted else "—"
-            times = (
-                f"{kernels['total'] / base_kernels['total']:.3f}"
-                if counted and base_kernels and base_kernels.get("total")
-                else "—"
-            )
-            line += f" {count} | {times} | {busy_share(r)} | {attention_ms(r)} |"
-        lines.append(line)
     lines += [
         "",
         "× fairseq: ratio of the medians. paired: median over repeats of the ratio to fairseq's run in "
@@ -108,26 +105,20 @@ def mib(n):
 def short_table(runs, skipped, budget):
     """What a reader of the run's last lines needs: each variant's paired speed and memory against
     the baseline of its cell, its first step, and what the budget skipped."""
-    base = {(r["size"], r["length"], r["tokens_per_batch"]): r for r in runs if r["variant"] == BASELINE}
-    lines = [
-        "| cell | variant | tokens/s | paired × fairseq | memory × fairseq | first step (compiling) |",
-        "|" + "---|" * 6,
-    ]
+    base = {cell(r): r for r in runs if r["variant"] == BASELINE}
+    rows = []
     for r in runs:
-        b = base.get((r["size"], r["length"], r["tokens_per_batch"]), {})
-        memory = "—"
-        if r.get("peak_mem_bytes") and b.get("peak_mem_bytes"):
-            memory = f"{r['peak_mem_bytes'] / b['peak_mem_bytes']:.3f}"
-        ratio = "—" if r.get("train_ratio_paired") is None else f"{r['train_ratio_paired']:.3f}"
+        b = base.get(cell(r), {})
         # a JSON older than speed.py's timing of the first step has none (cpu-speed-quick.json)
         first = f"{r['warmup_s']:.1f} s ({r['compile_s']:.1f} s)" if "warmup_s" in r else "—"
-        lines.append(
-            f"| {r['size']}/{r['length']}/{r['tokens_per_batch']} | {r['variant']} | {r['train_tokens_per_s']:.0f} | "
-            f"{ratio} | {memory} | {first} |"
+        paired_ratio = "—" if r.get("train_ratio_paired") is None else f"{r['train_ratio_paired']:.3f}"
+        memory = ratio(r.get("peak_mem_bytes"), b.get("peak_mem_bytes"))
+        rows.append(
+            ["/".join(map(str, cell(r))), r["variant"], f"{r['train_tokens_per_s']:.0f}", paired_ratio, memory, first]
         )
-    lines += [
-        f"skipped: {s['what']} of {s['variant']} at {s['size']}/{s['length']}/{s['tokens_per_batch']}" for s in skipped
-    ]
+    header = ["cell", "variant", "tokens/s", "paired × fairseq", "memory × fairseq", "first step (compiling)"]
+    lines = table(header, rows)
+    lines += [f"skipped: {s['what']} of {s['variant']} at {'/'.join(map(str, cell(s)))}" for s in skipped]
     if budget is not None and budget.seconds is not None:
         lines.append(f"budget: {budget.used():.0f} s used of {budget.seconds:.0f} s; {len(skipped)} steps skipped")
     return "\n".join(lines)

@@ -1,15 +1,13 @@
 """fairseq-train's update as users run it: ATen ops and host milliseconds per update by phase,
-words/s, the wall time to the last update and peak memory, for fairseq's own ``transformer``
-(fairseq alone: no ``--user-dir``) beside RealFormer with fairseq's update (``--fairseq-update``),
-with the plugin's fast update (its default, fairseq_realformer/optim/fast_update.py) and with the fast
-update and ``--compile-layers``.
+words/s, the wall time and peak memory, for fairseq's own ``transformer`` (no ``--user-dir``)
+beside RealFormer with fairseq's update (``--fairseq-update``), with the plugin's fast update (its
+default, fairseq_realformer/optim/fast_update.py) and with the fast update and ``--compile-layers``.
 
 Every configuration is one fairseq-train run (``fairseq_cli.train.cli_main``) in a process of its
-own, started through this file's ``--child`` runner, which instruments fairseq's ``Trainer`` and
-nothing else: fairseq's baseline never imports the plugin. In the updates ``--count`` names
-(after warm-up) a ``TorchDispatchMode`` counts every ATen op that ``Trainer.train_step``
-dispatches, charged to the phase that runs it; in the updates after ``--skip`` (not counted)
-``time.perf_counter`` times the same phases. The phases are what fairseq's ``train_step`` calls:
+own, this file's ``--child``, which instruments fairseq's ``Trainer`` and nothing else (fairseq's
+baseline never imports the plugin; benchmarks/update_ops.py). In the updates ``--count`` names a
+``TorchDispatchMode`` counts every ATen op that ``Trainer.train_step`` dispatches; in the updates
+after ``--skip`` ``time.perf_counter`` times the same phases, which are what ``train_step`` calls:
 
 =============  ==========================================================================
 forward        the model's forward (a hook on ``trainer.model``)
@@ -21,26 +19,19 @@ rest           everything else in ``train_step``: zeroing, ``multiply_grads`` (`
                copy of the gradients into the float32 masters), the finite check, the logging
 =============  ==========================================================================
 
-A phase's host ms is its wall time on the host: on a CPU its arithmetic and the host work; on a
-GPU the time to issue its kernels, plus any wait for the device where fairseq syncs (the finite
-check in the gradient norm, the logged statistics). At ``d=16`` arithmetic vanishes and the ms are
-host work. words/s is the median of fairseq's logged ``wps`` over the ``--log-interval``
-intervals after ``--skip`` updates; ``wall s`` is the whole fairseq-train process (imports, data,
-compiling); peak memory is the process's peak RSS on a CPU, ``torch.cuda.max_memory_allocated``
-on a GPU.
+A phase's host ms is its wall time on the host: on a CPU its arithmetic and host work; on a GPU
+the time to issue its kernels, plus any wait where fairseq syncs (at ``d=16`` arithmetic vanishes
+and the ms are host work). words/s: the median of fairseq's logged ``wps`` after ``--skip``;
+``wall s``: the whole process (imports, data, compiling); peak memory: the peak RSS on a CPU,
+``torch.cuda.max_memory_allocated`` on a GPU.
 
 Configurations (``--configs``): ``fairseq``, ``realformer-fairseq-update``, ``realformer+compiled``
-and every variant of fairseq_realformer/variants.py (``realformer``, ``pre-ln``,
-``pre-ln-denseformer``, ...); each may end in ``@fp32``, ``@fp16`` (fairseq's ``--fp16``) or ``@bf16``
-(the plugin's autocast mixed precision; fairseq's own ``--bf16`` needs a TPU, so the baseline has
-none) to override ``--precision``, and in ``/cudnn-off`` to train with PyTorch's cuDNN attention
-backend off (``torch.backends.cuda.enable_cudnn_sdp(False)``, set by the runner). ``realformer`` is
-the paper's model (variants.py "realformer": residual attention on all paths, running mean, on
-ADMIN with ω profiled). Sizes (``--sizes``): ``6L-6L`` or ``18L-18L``, ``:WIDTH`` for a width other
-than 512 (FFN 4×, 8 heads at 512, 4 from 128, 2 below), e.g. ``6L-6L:16``. Data: the toy corpus
-(scripts/toy_corpus.py) or Multi30k (binarised as examples/multi30k/run.sh --prepare-only does).
-A configuration starts only if what it is expected to take fits in ``--budget`` (benchmarks/
-budget.py); the JSON is written after every one, so a stopped run keeps what it measured.
+and every variant of fairseq_realformer/variants.py; each may end in ``@fp32``, ``@fp16`` (fairseq's
+``--fp16``) or ``@bf16`` (the plugin's autocast; fairseq's own ``--bf16`` needs a TPU) to override
+``--precision``, and in ``/cudnn-off`` to train with PyTorch's cuDNN attention off. Sizes
+(``--sizes``): ``6L-6L`` or ``18L-18L``, ``:WIDTH`` for a width other than 512 (FFN 4×, 8 heads at
+512, 4 from 128, 2 below). Data: the toy corpus (scripts/toy_corpus.py) or Multi30k. A run starts
+only if it is expected to fit in ``--budget`` (budget.py); the JSON is written after each.
 
     python benchmarks/train_update.py --sizes 6L-6L:16,18L-18L:16,6L-6L:128 --updates 30 --budget 1500 \\
         --json benchmarks/results/cpu-train-update-ops.json          # a 2-core CPU, ~25 minutes
@@ -67,6 +58,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -95,13 +87,19 @@ SETUP_GUESS_S = 60  # the first run's imports, data and updates, before any was 
 FAST_LINE = re.compile(r"fast update: (.*)$", re.M)
 
 
-def parse_size(text):
-    """``6L-6L`` or ``18L-18L:128``: (name, layers, width)."""
+class Config(NamedTuple):
+    name: str  # as given: NAME[@PRECISION][/cudnn-off]
+    base: str  # its CONFIGS key
+    precision: str  # its own @PRECISION, else --precision
+    cudnn_off: bool
+
+
+def parse_size(text, tokens):
+    """``6L-6L`` or ``18L-18L:128``: the Cell of *tokens* an update it trains at (no one length)."""
     match = re.fullmatch(r"(\d+)L-(\d+)L(?::(\d+))?", text.strip())
     if not match or match.group(1) != match.group(2):
         raise ValueError(f"--sizes: {text!r} is not LAYERSL-LAYERSL[:WIDTH], e.g. 6L-6L or 18L-18L:16")
-    layers, width = int(match.group(1)), int(match.group(3) or 512)
-    return text.strip(), layers, width
+    return Cell(text.strip(), int(match.group(1)), 0, tokens, width=int(match.group(3) or 512))
 
 
 def size_flags(layers, width):
@@ -113,8 +111,8 @@ def size_flags(layers, width):
     return [str(f) for f in flags]
 
 
-def parse_config(text):
-    """``NAME[@PRECISION][/cudnn-off]``: (name, base, precision or None, cudnn_off)."""
+def parse_config(text, precision_default):
+    """``NAME[@PRECISION][/cudnn-off]``: its Config."""
     name = text.strip()
     rest, cudnn_off = (name[: -len(CUDNN_OFF)], True) if name.endswith(CUDNN_OFF) else (name, False)
     base, _, precision = rest.partition("@")
@@ -124,7 +122,7 @@ def parse_config(text):
         )
     if precision and precision not in PRECISIONS:
         raise ValueError(f"--configs: {name!r}: unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
-    return name, base, precision or None, cudnn_off
+    return Config(name, base, precision or precision_default, cudnn_off)
 
 
 def parse_args(argv=None):
@@ -154,8 +152,8 @@ def parse_args(argv=None):
     if args.child or args.summary:
         return args
     try:
-        args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-        args.configs = [parse_config(c) for c in args.configs.split(",") if c.strip()]
+        args.sizes = [parse_size(s, args.tokens) for s in args.sizes.split(",") if s.strip()]
+        args.configs = [parse_config(c, args.precision) for c in args.configs.split(",") if c.strip()]
         args.count = [int(u) for u in args.count.split(",") if u.strip()]
     except ValueError as e:
         p.error(str(e))
@@ -169,75 +167,55 @@ def parse_args(argv=None):
         p.error(f"--skip {args.skip} leaves nothing of --updates {args.updates}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    for name, _base, precision, _ in args.configs:
-        precision = precision or args.precision
-        if args.device == "cpu" and precision == "fp16":
-            p.error(f"{name}: --fp16 needs a GPU (--device cuda)")
+    for config in args.configs:
+        if args.device == "cpu" and config.precision == "fp16":
+            p.error(f"{config.name}: --fp16 needs a GPU (--device cuda)")
     return args
-
-
-def precision_of(args, config):
-    return config[2] or args.precision  # its own @PRECISION, else --precision
 
 
 def skipped_by_design(args, config):
     """Why *config* cannot run, or None."""
-    _, base, _, cudnn_off = config
-    if base == BASELINE and precision_of(args, config) == "bf16":
+    if config.base == BASELINE and config.precision == "bf16":
         return "fairseq's own --bf16 needs a TPU; bf16 on a GPU is the plugin's (--user-dir)"
-    if cudnn_off and args.device != "cuda":
+    if config.cudnn_off and args.device != "cuda":
         return "cuDNN attention is a GPU's"
     return None
 
 
-def train_argv(args, data, config, layers, width):
-    _, base, _, _ = config
-    argv = [str(data)]
-    if base != BASELINE:
-        argv += ["--user-dir", str(USER_DIR)]
-    argv += CONFIGS[base] + size_flags(layers, width)
+def train_argv(args, data, config, cell):
+    argv = [str(data), *(["--user-dir", str(USER_DIR)] if config.base != BASELINE else [])]
+    argv += CONFIGS[config.base] + size_flags(cell.layers, cell.width)
     source, target = ("en", "de") if args.data == "multi30k" else ("src", "tgt")
     argv += [*TRAINING, "--source-lang", source, "--target-lang", target]
     argv += "--lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 50 --no-save --disable-validation --seed 1".split()
-    argv += [
-        "--max-update",
-        str(args.updates),
-        "--clip-norm",
-        str(args.clip_norm),
-        "--log-interval",
-        str(args.log_interval),
-    ]
-    argv += ["--max-tokens", str(args.max_tokens or round(args.tokens * MAX_TOKENS_PER_TARGET[args.data]))]
-    argv += PRECISIONS[precision_of(args, config)]
-    if args.device == "cpu":
-        argv.append("--cpu")
-    return argv
+    max_tokens = args.max_tokens or round(args.tokens * MAX_TOKENS_PER_TARGET[args.data])
+    argv += ["--max-update", str(args.updates), "--max-tokens", str(max_tokens), "--clip-norm", str(args.clip_norm)]
+    argv += ["--log-interval", str(args.log_interval), *PRECISIONS[config.precision]]
+    return argv + (["--cpu"] if args.device == "cpu" else [])
 
 
-def measure(args, data, work, config, size):
+def measure(args, data, work, config, cell):
     """One configuration at one size: fairseq-train in a process of its own (this file's runner)."""
-    name, base, _, cudnn_off = config
-    size_name, layers, width = size
-    tag = re.sub(r"[^A-Za-z0-9.+-]", "_", f"{size_name}-{name}")
+    tag = re.sub(r"[^A-Za-z0-9.+-]", "_", f"{cell.size}-{config.name}")
     spec_path, out_path = work / f"{tag}.spec.json", work / f"{tag}.out.json"
-    argv = train_argv(args, data, config, layers, width)
+    argv = train_argv(args, data, config, cell)
     spec = {
         "argv": argv,
         "count": args.count,
         "time": [u for u in range(args.skip + 1, args.updates + 1) if u not in args.count],
-        "cudnn_off": cudnn_off,
+        "cudnn_off": config.cudnn_off,
         "out": str(out_path),
     }
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore"}
-    if base != BASELINE:
+    if config.base != BASELINE:
         env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     # compiling included: the run's first compiled configuration compiles cold, later ones reuse
     # what it compiled where their graphs are the same (a width and precision seen), unless the
     # caller names a cache of its own
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
-    say("train-update", f"{size_name} {name}: fairseq-train {shlex.join(argv)}")
+    say("train-update", f"{cell.size} {config.name}: fairseq-train {shlex.join(argv)}")
     child_run = commands.run(
         [sys.executable, Path(__file__).resolve(), "--child", spec_path], work / f"{tag}.log", cwd=work, env=env
     )
@@ -247,12 +225,12 @@ def measure(args, data, work, config, size):
     inside = json.loads(out_path.read_text())
     timed, logged = train_log(log, args.skip + args.log_interval)
     record = {
-        "config": name,
-        "size": size_name,
-        "layers": layers,
-        "width": width,
-        "precision": precision_of(args, config),
-        "cudnn_attention": not cudnn_off,
+        "config": config.name,
+        "size": cell.size,
+        "layers": cell.layers,
+        "width": cell.width,
+        "precision": config.precision,
+        "cudnn_attention": not config.cudnn_off,
         "wall_s": round(wall_s, 1),
         **logged,
         "wpb": statistics.median(r["wpb"] for r in timed) if timed else None,
@@ -262,25 +240,15 @@ def measure(args, data, work, config, size):
     if record["updates"] and "update_ms" in inside:
         later = [ms for u, ms in inside["update_ms"].items() if int(u) > args.skip and int(u) not in args.count]
         record["update_ms_median"] = statistics.median(later) if later else None
-    if base == BASELINE and record["plugin_imported"]:
+    if config.base == BASELINE and record["plugin_imported"]:
         raise RuntimeError("fairseq's baseline imported the plugin")
     return record
-
-
-def cell_of(size, args):
-    size_name, layers, width = size
-
-    class Sized(Cell):  # what a run's time grows with: depth, batch and (on a CPU, roughly) width
-        def work(self):
-            return self.layers * self.tokens * (width + 16)
-
-    return Sized(size=size_name, layers=layers, length=0, tokens=args.tokens)
 
 
 def write_results(args, argv, records, skipped, budget):
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "work", "summary", "child")}
-    settings.update(configs=[c[0] for c in args.configs], sizes=[s[0] for s in args.sizes])  # their names
+    settings.update(configs=[c.name for c in args.configs], sizes=[s.size for s in args.sizes])  # their names
     spent = {"seconds": args.budget, "used_s": round(budget.used(), 1)}
     write_json(args, __file__, argv, device, host(), settings=settings, runs=records, skipped=skipped, budget=spent)
 
@@ -299,19 +267,18 @@ def main(argv=None):
     records, skipped = [], []
     compiled = {}  # configuration -> its latest run's compiling seconds
 
-    def skip(config, size, reason):
-        skipped.append({"config": config[0], "size": size[0], "reason": reason})
-        say("train-update", f"skipped {size[0]} {config[0]}: {reason}")
+    def skip(config, cell, reason):
+        skipped.append({"config": config.name, "size": cell.size, "reason": reason})
+        say("train-update", f"skipped {cell.size} {config.name}: {reason}")
         write_results(args, argv, records, skipped, budget)
 
-    for size in args.sizes:
-        cell = cell_of(size, args)
+    for cell in args.sizes:
         for config in args.configs:
             why_not = skipped_by_design(args, config)
             if why_not:
-                skip(config, size, why_not)
+                skip(config, cell, why_not)
                 continue
-            name, base, _, _ = config
+            base = config.base
             # every run is a process of its own and compiles again: as long as it last did (a
             # warm cache makes that shorter), before that the longest seen, before any the guess
             expected_s, why = expected.timing(base, cell, False)
@@ -321,13 +288,13 @@ def main(argv=None):
                 why = f"compiling {compile_s:.0f} s; {why}"
             if len(records) >= args.always and not budget.fits(expected_s):
                 left = f"{budget.left():.0f} s of {budget.seconds:.0f} left"
-                skip(config, size, f"expected {expected_s:.0f} s ({why}), {left}")
+                skip(config, cell, f"expected {expected_s:.0f} s ({why}), {left}")
                 continue
             start = budget.clock()
             try:
-                record = measure(args, data, work, config, size)
+                record = measure(args, data, work, config, cell)
             except RuntimeError as e:
-                skip(config, size, f"failed: {e}")
+                skip(config, cell, f"failed: {e}")
                 continue
             seconds = budget.clock() - start
             # the updates' time without compiling (a compiled run compiles at its first updates)

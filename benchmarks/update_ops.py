@@ -11,6 +11,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -77,9 +78,9 @@ def op_counter(phases):
 
 
 class Instrument:
-    """fairseq's ``Trainer.train_step`` wrapped (``with Instrument(...)``): the
-    updates in *count* run under ``op_counter``, those in *time* are timed by phase, and every
-    update's own wall time is kept. An update is numbered from 1, as fairseq's log numbers it."""
+    """What fairseq's ``Trainer.train_step`` did under ``fairseq_train_in_process``: the updates in
+    *count* ran under ``op_counter``, those in *time* were timed by phase, and every update's own
+    wall time is kept. An update is numbered from 1, as fairseq's log numbers it."""
 
     def __init__(self, count=(), time=()):
         self.count, self.time = set(count), set(time)
@@ -88,8 +89,7 @@ class Instrument:
         self.update_ms = {}  # update -> ms of its train_step, every update
         self.first_step_start = self.last_step_end = None
         self.tensors = None  # the optimizer's parameter tensors
-        self._current = None
-        self._trainer_class = self._original = None
+        self._current = None  # the running update's Phases, where it is counted or timed
 
     # the phases' wrappers, installed on the trainer's own objects at its first update
     def _wrap(self, owner, name, phase):
@@ -122,45 +122,32 @@ class Instrument:
         self._wrap(trainer, "clip_grad_norm", "grad_norm")
         self._wrap(trainer.task, "optimizer_step", "optimizer")
 
-    def __enter__(self):
-        import fairseq.trainer
-
-        self._trainer_class = fairseq.trainer.Trainer  # its train_step replaced until __exit__
-        original = self._original = self._trainer_class.train_step
-        instrument = self
-
-        def train_step(trainer, samples, raise_oom=False):
-            instrument._instrument(trainer)
-            update = trainer.get_num_updates() + 1
-            counting, timing = update in instrument.count, update in instrument.time
-            phases = Phases() if counting or timing else None
-            start = time.perf_counter()
-            if instrument.first_step_start is None:
-                instrument.first_step_start = start
-            instrument._current = phases
-            try:
-                with op_counter(phases) if counting else contextlib.nullcontext():
-                    return original(trainer, samples, raise_oom)
-            finally:
-                instrument._current = None
-                end = instrument.last_step_end = time.perf_counter()
-                instrument.update_ms[update] = 1e3 * (end - start)
-                if counting:
-                    instrument.counted[update] = {
-                        "ops": {p: phases.ops.get(p, 0) for p in PHASES},
-                        "all_ops": {p: phases.all_ops.get(p, 0) for p in PHASES},
-                        "op_names": {p: dict(phases.op_names[p].most_common(8)) for p in PHASES if phases.ops.get(p)},
-                    }
-                elif timing:
-                    phases.charge()
-                    instrument.timed[update] = {p: 1e3 * phases.seconds.get(p, 0.0) for p in PHASES}
-                    instrument.timed[update]["total"] = 1e3 * (end - start)
-
-        self._trainer_class.train_step = train_step
-        return self
-
-    def __exit__(self, *exc):
-        self._trainer_class.train_step = self._original
+    def train_step(self, original, trainer, samples, raise_oom=False):
+        """fairseq's *original* ``train_step`` of *trainer*, instrumented."""
+        self._instrument(trainer)
+        update = trainer.get_num_updates() + 1
+        counting, timing = update in self.count, update in self.time
+        phases = self._current = Phases() if counting or timing else None
+        start = time.perf_counter()
+        if self.first_step_start is None:
+            self.first_step_start = start
+        try:
+            with op_counter(phases) if counting else contextlib.nullcontext():
+                return original(trainer, samples, raise_oom)
+        finally:
+            self._current = None
+            end = self.last_step_end = time.perf_counter()
+            self.update_ms[update] = 1e3 * (end - start)
+            if counting:
+                self.counted[update] = {
+                    "ops": {p: phases.ops.get(p, 0) for p in PHASES},
+                    "all_ops": {p: phases.all_ops.get(p, 0) for p in PHASES},
+                    "op_names": {p: dict(phases.op_names[p].most_common(8)) for p in PHASES if phases.ops.get(p)},
+                }
+            elif timing:
+                phases.charge()
+                self.timed[update] = {p: 1e3 * phases.seconds.get(p, 0.0) for p in PHASES}
+                self.timed[update]["total"] = 1e3 * (end - start)
 
     def summary(self):
         """Ops per update by phase (mean over the counted updates) with their total, host ms per
@@ -183,16 +170,19 @@ class Instrument:
 
 
 def fairseq_train_in_process(argv, instrument):
-    """fairseq-train *argv* in this process (``fairseq_cli.train.cli_main``), under *instrument*."""
+    """fairseq-train *argv* in this process (``fairseq_cli.train.cli_main``), its ``Trainer.train_step``
+    under *instrument*; the instrument's summary."""
+    import fairseq.trainer
     from fairseq_cli import train
 
-    saved = sys.argv
-    sys.argv = ["fairseq-train", *map(str, argv)]
-    try:
-        with instrument:
+    original = fairseq.trainer.Trainer.train_step
+
+    def train_step(trainer, samples, raise_oom=False):
+        return instrument.train_step(original, trainer, samples, raise_oom)
+
+    with mock.patch.object(fairseq.trainer.Trainer, "train_step", train_step):
+        with mock.patch.object(sys, "argv", ["fairseq-train", *map(str, argv)]):
             train.cli_main()
-    finally:
-        sys.argv = saved
     return instrument.summary()
 
 

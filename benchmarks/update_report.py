@@ -2,7 +2,7 @@
 ``--summary``): per size, ATen ops and host ms per phase and fairseq-train's words/s, memory and
 wall time, each run beside fairseq's; then the fast update's ops against the targets set for it."""
 
-from benchmarks.bench import BASELINE
+from benchmarks.bench import BASELINE, ratio, table
 from benchmarks.update_ops import PHASES
 
 PHASE_NAMES = {"grad_norm": "grad norm / clip", "rest": "rest (logging, zeroing, ...)"}
@@ -40,14 +40,9 @@ def best_fairseq(records, size):
     return max(timed, key=lambda b: b["wps"], default=None)
 
 
-def _row(label, cells):
-    return f"| {label} | " + " | ".join(cells) + " |"
-
-
 def _phase_rows(rows, key, digits):
     """A row a phase and the total: each run's *key* (ops or ms) for it."""
-    phases = (*PHASES, "total")
-    return [_row(PHASE_NAMES.get(p, p), [_fmt(r.get(key, {}).get(p), digits) for r in rows]) for p in phases]
+    return [[PHASE_NAMES.get(p, p), *(_fmt(r.get(key, {}).get(p), digits) for r in rows)] for p in (*PHASES, "total")]
 
 
 def _ops_share(r, b):
@@ -56,7 +51,7 @@ def _ops_share(r, b):
 
 
 def _speed_over(r, b):
-    return _fmt(r["wps"] / b["wps"], 3) if b and b["wps"] and r["wps"] else "—"
+    return ratio(r["wps"], b and b["wps"])
 
 
 def _memory_mib(r):
@@ -70,15 +65,15 @@ def report(records, skipped=()):
     lines = []
     for size in dict.fromkeys(r["size"] for r in records):
         rows = [r for r in records if r["size"] == size]
-        names = [f"{r['config']}" + (f" ({r['precision']})" if "@" not in r["config"] else "") for r in rows]
-        head = [_row("phase", names), "|---" * (len(rows) + 1) + "|"]
+        header = ["phase", *(r["config"] + (f" ({r['precision']})" if "@" not in r["config"] else "") for r in rows)]
         counted = ", ".join(map(str, rows[0].get("counted_updates", [])))
-        lines += ["", f"{size}: ATen ops per update (updates {counted})", *head, *_phase_rows(rows, "ops", 0)]
-        base = baseline_of(records, rows[0])
-        shares = [_ops_share(r, base) for r in rows]
-        lines.append(_row("× fairseq's total", ["—" if x is None else _fmt(x, 2) + "×" for x in shares]))
-        lines.append(_row("parameter tensors", [_fmt(r.get("tensors")) for r in rows]))
-        lines += ["", f"{size}: host ms per phase (median of the timed updates)", *head, *_phase_rows(rows, "ms", 2)]
+        shares = [_ops_share(r, baseline_of(records, rows[0])) for r in rows]
+        ops = _phase_rows(rows, "ops", 0)
+        ops.append(["× fairseq's total", *("—" if x is None else _fmt(x, 2) + "×" for x in shares)])
+        ops.append(["parameter tensors", *(_fmt(r.get("tensors")) for r in rows)])
+        lines += ["", f"{size}: ATen ops per update (updates {counted})", *table(header, ops)]
+        lines += ["", f"{size}: host ms per phase (median of the timed updates)"]
+        lines += table(header, _phase_rows(rows, "ms", 2))
         train = {"words/s": [_fmt(r["wps"]) for r in rows]}
         train["× fairseq"] = [_speed_over(r, baseline_of(records, r)) for r in rows]
         best = best_fairseq(records, size)
@@ -91,7 +86,7 @@ def report(records, skipped=()):
         train[f"wall s ({rows[0]['updates']} updates)"] = [_fmt(r["wall_s"]) for r in rows]
         train["loss at the end"] = [_fmt(r["loss_at_end"], 3) for r in rows]
         train["peak memory MiB"] = [_memory_mib(r) for r in rows]
-        lines += ["", f"{size}: fairseq-train", *head, *(_row(label, cells) for label, cells in train.items())]
+        lines += ["", f"{size}: fairseq-train", *table(header, [[label, *cells] for label, cells in train.items()])]
     checks = []
     for r in records:
         share, target = _ops_share(r, baseline_of(records, r)), TARGETS.get(base_config(r))
