@@ -1,16 +1,14 @@
-"""What realformer-analyze costs next to a plain forward pass over the same sentences.
-
-Loads the checkpoint and split and batches the first --max-sentences sentences exactly as
-realformer-analyze does (same flags), then times, interleaved and repeated:
+"""What realformer-analyze costs next to a plain forward pass over the same sentences: the
+checkpoint, split and first --max-sentences sentences batched as realformer-analyze does (its
+flags), then timed, interleaved and repeated (loading, batching and figures are not):
 
     forward    the model's plain teacher-forced forward pass (logits, as validation computes them)
     features   the same without the output projection (``features_only``), as the analysis runs it
     analysis   what realformer-analyze does per batch: the features pass with every layer's
                per-head probabilities recorded, entropy, adjacent-layer JSD, histograms, sample
 
-Loading, batching and figures are not timed (the command prints its own total). Reports the
-median of each and the medians of the per-repeat ratios analysis / forward and analysis / features
-(the cost of recording and of the statistics themselves).
+The median of each, and the medians of the per-repeat ratios analysis / forward and analysis /
+features (the cost of recording and of the statistics themselves).
 
     python benchmarks/analysis_speed.py DATA_BIN --checkpoints CKPT --max-sentences 1000 --cpu
 """
@@ -31,7 +29,7 @@ import sys
 
 import torch
 
-from benchmarks.bench import timed
+from benchmarks.bench import sync, timed
 from common.host import cpu_model
 from common.repo import quiet_logging
 from common.results import write_result
@@ -51,10 +49,10 @@ def main(argv=None) -> None:
     args = cli.build_parser().parse_args(rest)
     quiet_logging()
     cli.check_args(args)
-    use_cuda = torch.cuda.is_available() and not args.cpu
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     path = args.checkpoints[0]
-    model, task = cli.load_model(path, args, use_cuda)
-    count, samples = cli.batches(cli.load_split(path, task, args.gen_subset), model, args, use_cuda)
+    model, task = cli.load_model(path, args, device == "cuda")
+    count, samples = cli.batches(cli.load_split(path, task, args.gen_subset), model, args, device == "cuda")
     samples = list(samples)
     tokens = sum(int(s["ntokens"]) for s in samples)
 
@@ -62,13 +60,11 @@ def main(argv=None) -> None:
         with torch.no_grad():
             for sample in samples:
                 model(**sample["net_input"], features_only=features_only)
-        if use_cuda:
-            torch.cuda.synchronize()
+        sync(device)
 
     def analysis():
         measure(model, samples, unit=args.entropy_unit, sample_size=args.sample_size, seed=args.seed)
-        if use_cuda:
-            torch.cuda.synchronize()
+        sync(device)
 
     runs = {"forward": forward, "features": lambda: forward(features_only=True), "analysis": analysis}
     forward()  # warm-up: first-call allocations
@@ -79,15 +75,14 @@ def main(argv=None) -> None:
     ratios = {
         f"analysis/{name}": [a / b for a, b in zip(times["analysis"], times[name])] for name in ("forward", "features")
     }
+    cpu = f"CPU ({cpu_model()}), {torch.get_num_threads()} torch threads, {os.cpu_count()} cores"
     result = {
         "checkpoint": path,
         "split": args.gen_subset,
         "sentences": count,
         "target_tokens": tokens,
         "batches": len(samples),
-        "device": torch.cuda.get_device_name()
-        if use_cuda
-        else f"CPU ({cpu_model()}), {torch.get_num_threads()} torch threads, {os.cpu_count()} cores",
+        "device": torch.cuda.get_device_name() if device == "cuda" else cpu,
         "median_s": {name: statistics.median(t) for name, t in times.items()},
         "median_ratio": {name: statistics.median(r) for name, r in ratios.items()},
         "repeats_s": times,

@@ -1,14 +1,8 @@
-"""What benchmarks/speed.py times: a variant's model with random weights, a batch of random
-sentences shaped as fairseq's collater shapes them, and its training step (forward, backward,
-Adam) and beam-4 generation, in the precision fairseq-train's flags give (``--dtype``).
-
-Variants: ``fairseq``, fairseq's stock ``transformer``, and those of fairseq_realformer/variants.py
-on the ``realformer`` architecture; any of them with ``+compiled`` appended trains with compiled
-layers (a plugin variant: ``--compile-layers``; ``fairseq+compiled``: fairseq's own layers compiled
-by hand with ``nn.Module.compile``, what a user of fairseq could do).
-
-Also what the benchmarks that run fairseq-train share (train_update.py, compiled_train.py,
-bf16_speed.py, allocator_speed.py): its flags, its log read, the quality study's data, --json.
+"""What benchmarks/speed.py times: a variant's model with random weights (VARIANTS, and any with
+``+compiled``), random batches shaped as fairseq's collater shapes them, its training step and
+beam-4 generation, in --dtype's precision. Also what the benchmarks that run fairseq-train share
+(train_update.py, compiled_train.py, bf16_speed.py, allocator_speed.py): its flags, its log read,
+the quality study's data, --json.
 """
 
 import argparse
@@ -40,10 +34,13 @@ COMPILED = "+compiled"  # a variant's suffix: its layers compiled
 
 def variant_flags(name):
     """The flags of *name*: a VARIANTS entry, or one + ``COMPILED`` (KeyError for anything else)."""
-    base = name[: -len(COMPILED)] if name.endswith(COMPILED) else name
-    if base != name and base in PLUGIN_VARIANTS:
-        return [*VARIANTS[base], "--compile-layers"]
-    return VARIANTS[base]  # fairseq+compiled: compiled by hand in ``build``
+    base = name.removesuffix(COMPILED)
+    compiled = base != name and base in PLUGIN_VARIANTS  # fairseq+compiled: compiled by hand in ``build``
+    return [*VARIANTS[base], *(["--compile-layers"] if compiled else [])]
+
+
+def known_variant(name):
+    return name.removesuffix(COMPILED) in VARIANTS
 
 
 SIZES = {"6L-6L": 6, "18L-18L": 18}
@@ -56,14 +53,6 @@ PRECISIONS = {
 FP16_LOSS_SCALE = 128.0  # fairseq's --fp16-init-scale
 VOCAB = 10000
 COMPILE_LINE = re.compile(r"--compile-layers: (.*)$", re.M)
-
-
-def known_variant(name):
-    try:
-        variant_flags(name)
-    except KeyError:
-        return False
-    return True
 
 
 def build(variant, layers, device, dtype, extra_flags=(), vocab=VOCAB):

@@ -19,6 +19,25 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 MARGIN = 1.25  # expectations are estimates from one earlier measurement: keep a quarter in hand
+COMPILE_GUESS_S = 120  # --compile-guess: a compiled measurement's compiling, before any has compiled here
+
+
+def add_arguments(p):
+    """--budget and --compile-guess, on parser *p*."""
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="seconds this run may use: a measurement starts only if it is expected to fit (budget.py); the "
+        "first ones (the question) run whatever (default: no limit)",
+    )
+    p.add_argument(
+        "--compile-guess",
+        type=float,
+        default=COMPILE_GUESS_S,
+        metavar="SECONDS",
+        help="a compiled measurement's compiling, before any has compiled (default: %(default)s)",
+    )
 
 
 class Budget:

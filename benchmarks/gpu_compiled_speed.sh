@@ -2,32 +2,21 @@
 # Does RealFormer, with the fast update (its default) and --compile-layers, train faster than
 # fairseq's own Transformer in fairseq-train on a GPU? One command for a lent GPU's few minutes,
 # which answers that first and keeps its own time. Every measurement is benchmarks/train_update.py:
-# fairseq-train itself, one process a configuration, fairseq's `transformer` without --user-dir
-# (fairseq as its users have it); each run in its JSON the moment it ends; a run starts only if
-# its expected time (benchmarks/budget.py: compiling as seen so far, before any 120 s) fits, and
+# fairseq-train itself, a process a configuration, fairseq's `transformer` without --user-dir; each
+# run in its JSON the moment it ends; a run starts only if its expected time fits (budget.py), and
 # what does not is in the JSON's "skipped" with the reason. Every run: 200 updates on the toy
-# corpus, --clip-norm 1.0, words/s = the median of fairseq's wps over the 10-update intervals
-# after update 50 (cuDNN attention's first batch shapes are slow), ATen ops and host ms per phase
-# of an update (updates 4-5 counted), the loss after update 200, peak GPU memory.
+# corpus, --clip-norm 1.0, words/s after update 50 (cuDNN attention's first batch shapes are slow),
+# ATen ops (updates 4-5) and host ms per phase, the loss after update 200, peak GPU memory.
 #   1. gpu-train-update-fp16.json: 6L-6L d=512, ~4k target tokens an update, --fp16 (the WMT'14
 #      recipe's precision): fairseq, then realformer+compiled (the question); then fairseq's other
-#      ways, whose fastest is fairseq's best: cuDNN attention off
-#      (torch.backends.cuda.enable_cudnn_sdp(False), set by the runner), float32, float32 with
-#      cuDNN attention off; then realformer eager (the fast update alone) and
-#      realformer --fairseq-update (fairseq's per-tensor update: the same loss after 200 updates).
+#      ways, whose fastest is fairseq's best: cuDNN attention off, float32, float32 with cuDNN
+#      attention off; then realformer eager (the fast update alone) and realformer --fairseq-update.
 #   2. gpu-train-update-18L.json, in what is left: 18L-18L d=512, ~16k tokens: fairseq float32,
 #      realformer+compiled --bf16 (the plugin's autocast; fairseq's own --bf16 needs a TPU),
 #      realformer+compiled float32, fairseq --fp16 with cuDNN attention off, realformer --bf16.
-#
-# The plan, from one H200's times (benchmarks/RESULTS.md: fairseq-train at 6L-6L d=512 made
-# ~50k words/s, so 200 updates ~15 s; the compiled RealFormer's first step 125 s, compiling 117 s):
-# machine start ~30 s (before this script), wheels 15 s, the toy corpus ~15 s, a fairseq-train
-# process ~15 s before its first update, an eager run ~35 s in all, a compiled one ~160 s.
-#   first 3 minutes: fairseq --fp16's words/s and ops; realformer+compiled still compiling (it
-#     ends near 4 minutes, with the question's answer);
-#   by 8 minutes (480 s): step 1 whole, fairseq's best among its four ways included (~7 minutes),
-#     then fairseq float32 at 18L-18L/~16k; the compiled bf16 and float32 runs there (~200 s each,
-#     cold compiles) need 600 s and more: at the default they are skipped, with the reason.
+# On one H200 (benchmarks/RESULTS.md) an eager run took ~35 s in all, a compiled one ~160 s (its
+# first step 125 s): step 1 ends in ~7 minutes, and step 2's compiled runs (~200 s each, cold
+# compiles) do not fit in the default 480 s: they are skipped, with the reason.
 #
 #   benchmarks/gpu_compiled_speed.sh --wheels                   # here, once: fairseq & co. for the device's Python 3.12 into .whl
 #   benchmarks/gpu_compiled_speed.sh [OUT_DIR] [SECONDS]        # on the GPU (default benchmarks/results, 480 s); carry .whl

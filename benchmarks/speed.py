@@ -50,6 +50,7 @@ import torch
 
 from benchmarks.bench import BASELINE, COMPILED, DTYPES, SIZES, VARIANTS, Bench, known_variant, say, timed, write_json
 from benchmarks.budget import Budget, Cell, Expected, run
+from benchmarks.budget import add_arguments as add_budget_arguments
 from benchmarks.cuda_profile import cuda_kernels_of_a_training_step
 from benchmarks.memory import count_saved_activations, peak_memory, peak_memory_probe, saved_for_backward_bytes
 from benchmarks.speed_report import device_name, machine, report, short_table
@@ -57,7 +58,6 @@ from common.repo import import_fairseq_quietly
 from common.results import read_result
 
 DEFAULT_VARIANTS = "fairseq,post-ln,realformer-sum,realformer"
-COMPILE_GUESS_S = 120  # --compile-guess: a compiled variant's first step before any has compiled here
 SETUP_GUESS_S = 30  # the first variant's build, first steps and timed steps, before anything is seen
 
 
@@ -92,20 +92,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--saved-only", action="store_true", help="with --saved-activations: no timed steps")
     p.add_argument("--profile", action="store_true", help="the CUDA kernels of one training step (torch.profiler)")
-    p.add_argument(
-        "--budget",
-        type=float,
-        metavar="SECONDS",
-        help="seconds this run may use: a measurement starts only if it is expected to fit (budget.py); the "
-        "baseline and the next variant at the first cell run whatever (default: no limit)",
-    )
-    p.add_argument(
-        "--compile-guess",
-        type=float,
-        default=COMPILE_GUESS_S,
-        metavar="SECONDS",
-        help="a compiled variant's compiling, before any has compiled (default: %(default)s)",
-    )
+    add_budget_arguments(p)
     p.add_argument("--json", help="also write the numbers here, as each variant is measured")
     p.add_argument("--summary", metavar="JSON", help="print the short table of this run's JSON, and nothing else")
     p.add_argument("--memory-probe", nargs=3, metavar=("VARIANT", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
@@ -140,7 +127,7 @@ def parse_args(argv=None):
 
 
 class Timings:
-    """budget.Measurer for speed.py. A cell's baseline (``fairseq``, measured first) stays built
+    """budget.run's measurer for speed.py. A cell's baseline (``fairseq``, measured first) stays built
     until the cell's timings end, and every other variant's timed steps alternate with the
     baseline's, repeat by repeat: its paired ratio compares steps taken side by side in time, and
     each variant's record is whole (and written) as soon as it is measured."""

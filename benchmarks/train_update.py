@@ -64,6 +64,7 @@ import torch
 
 from benchmarks.bench import BASELINE, TRAINING, prepare_data, say, train_log, write_json
 from benchmarks.budget import MARGIN, Budget, Cell, Expected
+from benchmarks.budget import add_arguments as add_budget_arguments
 from benchmarks.update_ops import child
 from benchmarks.update_report import from_json, line, report
 from common import commands
@@ -82,7 +83,6 @@ DEFAULT_CONFIGS = "fairseq,realformer-fairseq-update,realformer,realformer+compi
 # --max-tokens for ~N target tokens an update: fairseq's --max-tokens caps the padded source or
 # target of a batch (the longer), and what it holds of target tokens (fairseq's logged wpb) is less
 MAX_TOKENS_PER_TARGET = {"toy": 1.04, "multi30k": 1.2}  # toy: 4,260 max tokens held 4,100 (wpb)
-COMPILE_GUESS_S = 120  # the first compiled run's compiling, before any was seen (budget.py)
 SETUP_GUESS_S = 60  # the first run's imports, data and updates, before any was seen
 FAST_LINE = re.compile(r"fast update: (.*)$", re.M)
 
@@ -139,11 +139,10 @@ def parse_args(argv=None):
     p.add_argument("--count", default="4,5", help="updates whose ATen ops are counted (default: %(default)s)")
     p.add_argument("--log-interval", type=int, default=5, help="(default: %(default)s)")
     p.add_argument("--clip-norm", default="1.0", help="fairseq's --clip-norm (default: %(default)s)")
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="seconds this run may use (default: no limit)")
     p.add_argument(
         "--always", type=int, default=2, help="configurations that run whatever the budget says (default: %(default)s)"
     )
-    p.add_argument("--compile-guess", type=float, default=COMPILE_GUESS_S, metavar="SECONDS")
+    add_budget_arguments(p)
     p.add_argument("--work", help="folder for the data and the runs' logs (default: a temporary one)")
     p.add_argument("--json", help="write the result here, after every configuration")
     p.add_argument("--summary", metavar="JSON", help="print the tables of this JSON, and nothing else")
