@@ -26,7 +26,7 @@ import statistics
 
 from benchmarks import bench
 from benchmarks.bench import say
-from common import allocator, commands, fairseq_log
+from common import allocator, commands
 from common.presets import PRESETS
 from common.repo import VARIANTS
 
@@ -72,7 +72,7 @@ def measure(args, data, model, jobs, setting):
     env = environment(SETTINGS[setting], threads)
     runs = []
     for run in commands.wait_all([commands.Process(cmd, work / f"train-{job}.log", env=env) for job in range(jobs)]):
-        losses = [fields["loss"] for _, fields in fairseq_log.records(run.output.splitlines(), "train_inner")]
+        losses = [fields["loss"] for fields in bench.log_records(run.output)]
         words_per_s = round(bench.timed_words_per_s(run.output), 1)
         runs.append({"words_per_s": words_per_s, "peak_rss_mb": round(run.peak_rss / 2**20), "losses": losses})
     say(WHO, f"{model}, {jobs} job(s) x {threads} thread(s), {setting}: " + ", ".join(describe(r) for r in runs))

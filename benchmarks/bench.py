@@ -280,18 +280,22 @@ def check_training_args(p, args, models, name):
     args.out = work_folder(args.out or RUNS / name)
 
 
+def log_records(output, kind="train_inner"):
+    """fairseq-train's log lines of *kind* in *output* (``train_inner``: its intervals), as dicts of numbers."""
+    return [fields for _, fields in fairseq_log.records(output.splitlines(), kind)]
+
+
 def timed_words_per_s(output):
     """fairseq-train's words/s over every logged interval of *output* but the first (warm-up): their
     words over their time (the harmonic mean of the intervals' wps)."""
-    inner = [fields for _, fields in fairseq_log.records(output.splitlines(), "train_inner")]
-    wps = [entry["wps"] for entry in inner[1:]]
+    wps = [entry["wps"] for entry in log_records(output)[1:]]
     return len(wps) / sum(1 / w for w in wps)
 
 
 def train_log(log, timed_from):
     """fairseq-train's JSON log read: its ``train_inner`` intervals that end at update *timed_from*
     or later, and a summary (their median words/s, the last loss and update, the compile lines)."""
-    inner = [fields for _, fields in fairseq_log.records(log.splitlines(), "train_inner")]
+    inner = log_records(log)
     timed = [r for r in inner if r["num_updates"] >= timed_from]
     return timed, {
         "wps": statistics.median(r["wps"] for r in timed) if timed else None,

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import TRAINING, fairseq_program, prepare_data, say, table, train_log, write_json
-from common import allocator, commands, fairseq_log
+from benchmarks.bench import TRAINING, fairseq_program, log_records, prepare_data, say, table, train_log, write_json
+from common import allocator, commands
 from common.host import host
 from common.presets import PRESETS
 from common.repo import USER_DIR, VARIANTS
@@ -90,8 +90,7 @@ def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
     say("compiled-train", f"{name}: {shlex.join(command)}")
     run = commands.run(command, work / f"{name}.log", cwd=work, env=allocator.environment(), name=f"the {name} run")
     _, logged = train_log(run.output, args.skip + 1)
-    valid = [fields for _, fields in fairseq_log.records(run.output.splitlines(), "valid")]
-    valid_loss = [[int(v["epoch"]), v["loss"]] for v in valid]
+    valid_loss = [[int(v["epoch"]), v["loss"]] for v in log_records(run.output, "valid")]
     return {"seed": seed, "compiled": compiled, "wall_s": round(run.seconds, 1), **logged, "valid_loss": valid_loss}
 
 
