@@ -172,15 +172,16 @@ class Instrument:
 def fairseq_train_in_process(argv, instrument):
     """fairseq-train *argv* in this process (``fairseq_cli.train.cli_main``), its ``Trainer.train_step``
     under *instrument*; the instrument's summary."""
-    import fairseq.trainer
+    # fairseq_cli.train first: it sets the log's format, "| train_inner |" (what train_update reads);
+    # importing fairseq before it gives Python's default format (a speech task calls basicConfig)
     from fairseq_cli import train
 
-    original = fairseq.trainer.Trainer.train_step
+    original = train.Trainer.train_step
 
     def train_step(trainer, samples, raise_oom=False):
         return instrument.train_step(original, trainer, samples, raise_oom)
 
-    with mock.patch.object(fairseq.trainer.Trainer, "train_step", train_step):
+    with mock.patch.object(train.Trainer, "train_step", train_step):
         with mock.patch.object(sys, "argv", ["fairseq-train", *map(str, argv)]):
             train.cli_main()
     return instrument.summary()
