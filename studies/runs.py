@@ -29,7 +29,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import fairseq_log
@@ -49,6 +49,49 @@ _SCORES = {}  # (scores.json, its mtime and size, subset, language): RunFolder.s
 def read_lines(path):
     with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
+
+
+def lines_of(path):
+    """read_lines, or none when *path* is not there (yet)."""
+    return read_lines(path) if Path(path).exists() else []
+
+
+@dataclass
+class Run:
+    """One run as a study's JSON holds it, under the same keys in the same order: who it is, its
+    folder's summary (RunFolder.summary) and dropout gap, and its scores on each test set and the
+    validation set (a score: sacreBLEU's numbers and signatures, and its hypotheses' paths), or
+    where it diverged. The fields in OPTIONAL are left out of the JSON when None (studies written
+    before them); a status's run (RunFolder.record, scored False) has only what the plan decides by."""
+
+    variant: str
+    lr: float  # None: the recipe's
+    label: str  # the tables' and figures' name: the variant, or "variant lr=X" in a sweep
+    seed: int
+    folder: str = None  # VARIANT-SUFFIX/seedS
+    updates: int = 0
+    epochs: int = 0
+    tokens_per_s: float = None
+    best_valid_loss: float = None
+    valid_curve: list = field(default_factory=list)  # [(updates, validation loss)] per epoch
+    wall_s: float = 0.0
+    wall_s_by_cpu: dict = None
+    attempts: int = 0
+    stopped_by: str = None  # "patience" or "max-update": fairseq-train's reason
+    dropout_gap: dict = None  # dropout_gap.py's record
+    diverged: dict = None  # divergence.divergence's: where and why
+    test_sets: dict = field(default_factory=dict)  # {test set: score}
+    val: dict = None  # the validation set's score
+
+    OPTIONAL = ("wall_s_by_cpu", "stopped_by", "dropout_gap", "diverged", "val")
+
+    def to_json(self):
+        return {k: v for k, v in vars(self).items() if v is not None or k not in self.OPTIONAL}
+
+    @property
+    def scored_sets(self):
+        """Its scores by set name: its test sets, and "val" when it scored the validation set."""
+        return {**self.test_sets, **({"val": self.val} if self.val is not None else {})}
 
 
 class RunFolder:
@@ -170,13 +213,11 @@ class RunFolder:
 
     def progress(self):
         """How far its training has got (Progress), its train.log read once."""
-        log = self / "train.log"
-        return Progress.of(read_lines(log) if log.exists() else [])
+        return Progress.of(lines_of(self / "train.log"))
 
     def divergence(self):
         """divergence.divergence() of its train.log, a NaN's update named by checkpoints/crash.pt."""
-        log = self / "train.log"
-        return divergence(read_lines(log) if log.exists() else [], self / "checkpoints" / "crash.pt")
+        return divergence(lines_of(self / "train.log"), self / "checkpoints" / "crash.pt")
 
     def checkpoints(self, average_only=False):
         """The kept checkpoints: the epoch ones (checkpoints/checkpointN.pt) in epoch order, then the
@@ -209,11 +250,12 @@ class RunFolder:
         return gap
 
     def jsonl(self, name):
-        return [json.loads(line) for line in read_lines(self / name)] if (self / name).exists() else []
+        return [json.loads(line) for line in lines_of(self / name)]
 
     def summary(self):
-        """Updates, tokens/s, the validation curve, why it stopped and wall time."""
-        train, valid = training_log(self / "train.log")
+        """Updates, tokens/s, the validation curve, why it stopped and wall time: Run's fields."""
+        log = lines_of(self / "train.log")
+        train, valid = training_log(log)
         epochs = sorted(train)
         updates = int(train[epochs[-1]]["num_updates"]) if epochs else 0
         tokens, seconds, previous = 0.0, 0.0, 0
@@ -225,8 +267,7 @@ class RunFolder:
             previous = fields["num_updates"]
         curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
         attempts = self.jsonl("attempts.jsonl")
-        killed = unrecorded_spans(self / "train.log", attempts)
-        stop = stopped_by(self / "train.log")
+        killed = unrecorded_spans(log, attempts)
         return {
             "updates": updates,
             "epochs": len(epochs),
@@ -236,7 +277,7 @@ class RunFolder:
             "wall_s": round(sum(a["wall_s"] for a in attempts) + sum(seconds for _, seconds in killed), 1),
             "wall_s_by_cpu": wall_s_by_cpu(attempts, killed, self.jsonl("machines.jsonl")),
             "attempts": len(attempts) + len(killed),
-            **({"stopped_by": stop} if stop else {}),
+            "stopped_by": stopped_by(log),
         }
 
     def scores(self, name, subset, target_lang):
@@ -285,35 +326,24 @@ class RunFolder:
             "reference": scored["reference"],
         }
 
-    def outcome(self):
-        """What a study's plan decides by (Study.plan), as record() has it but nothing scored again:
-        where the run diverged, or its validation sacreBLEU as scripts/score.py wrote it; None
-        while it has neither finished nor diverged."""
-        names, where = self.finished_test_sets(), self.diverged()
-        if where is not None:
-            return {"diverged": where, "test_sets": {}}
-        if names is None:
-            return None
-        val = self / "score" / "val" / "scores.json"
-        return {"test_sets": {}, **({"val": json.loads(val.read_text())} if val.exists() else {})}
-
-    def record(self, target_lang):
-        """The run as a study's JSON holds it (without its variant, rate, label and seed): its
-        summary, dropout gap, and its scores on each test set and the validation set, or where it
-        diverged (and no scores); None while it has neither finished nor diverged."""
+    def record(self, config, seed, target_lang, scored=True):
+        """The Run of *config* (study.RunConfig) and *seed* in this folder: its summary, dropout gap,
+        and its scores on each test set and the validation set, or where it diverged (and no
+        scores); None while it has neither finished nor diverged. *scored* False: only what a
+        study's plan decides by (Study.plan), nothing scored again: where it diverged, or its
+        validation sacreBLEU as scripts/score.py wrote it."""
         names, where = self.finished_test_sets(), self.diverged()
         if names is None and where is None:
             return None
-        run = {"folder": self.name, **self.summary()}
-        gap = self.dropout_gap()
-        if gap is not None:
-            run["dropout_gap"] = gap
-        if where is not None:
-            return {**run, "diverged": where, "test_sets": {}}
-        # fairseq's names for the test splits: test, test1, ...
-        run["test_sets"] = {name: self.scores(name, f"test{i or ''}", target_lang) for i, name in enumerate(names)}
-        if (self / "score" / "val" / "scores.json").exists():
-            run["val"] = self.scores("val", "valid", target_lang)
+        summary = {"folder": self.name, **self.summary(), "dropout_gap": self.dropout_gap()} if scored else {}
+        run = Run(config.variant, config.lr, config.label, seed, diverged=where, **summary)
+        val = self / "score" / "val" / "scores.json"
+        if where is None and scored:
+            # fairseq's names for the test splits: test, test1, ...
+            run.test_sets = {name: self.scores(name, f"test{i or ''}", target_lang) for i, name in enumerate(names)}
+            run.val = self.scores("val", "valid", target_lang) if val.exists() else None
+        elif where is None and val.exists():
+            run.val = json.loads(val.read_text())
         return run
 
 
@@ -345,33 +375,31 @@ class Progress:
         return cls(**found)
 
 
-def training_log(path):
-    """Per epoch, fairseq-train's end-of-epoch training and validation fields, from its log.
-
+def training_log(lines):
+    """Per epoch, fairseq-train's end-of-epoch training and validation fields, from its log *lines*.
     An epoch logged twice (an attempt killed after logging it but before saving its checkpoint,
     then run again) counts once: the last attempt's lines win."""
     epochs = {"train": {}, "valid": {}}
-    for kind, fields in fairseq_log.records(read_lines(path) if Path(path).exists() else [], "train", "valid"):
+    for kind, fields in fairseq_log.records(lines, "train", "valid"):
         epochs[kind][fields["epoch"]] = fields
     return epochs["train"], epochs["valid"]
 
 
-def stopped_by(train_log):
-    """Why fairseq-train stopped (the last reason its log gives: "patience" or "max-update"); None
-    for a run that reached its epoch limit, or has not stopped."""
-    lines = read_lines(train_log) if Path(train_log).exists() else []
+def stopped_by(lines):
+    """Why fairseq-train stopped (the last reason its log *lines* give: "patience" or "max-update");
+    None for a run that reached its epoch limit, or has not stopped."""
     reasons = [name for line in lines for name, words in _STOPPED.items() if words in line]
     return reasons[-1] if reasons else None
 
 
-def unrecorded_spans(train_log, attempts):
-    """(first logged line, seconds) of each fairseq-train invocation in *train_log* that no attempt
+def unrecorded_spans(lines, attempts):
+    """(first logged line, seconds) of each fairseq-train invocation in the log *lines* that no attempt
     of *attempts* covers: an attempt killed with its session (SIGKILL) leaves its log lines but no
     attempt record. Each is counted from its first to its last logged line, a lower bound (the
     recipe's few seconds before fairseq-train starts, and what it did after its last line, are
     missed)."""
     invocations = []  # [first, last] timestamp of each fairseq-train in the log
-    for line in read_lines(train_log) if Path(train_log).exists() else []:
+    for line in lines:
         stamp = fairseq_log.timestamp(line)
         if stamp is None or not (invocations or _TRAIN_START in line):
             continue

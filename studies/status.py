@@ -67,11 +67,11 @@ def run_status(study, config, seed, record, previous, per_epoch=None):
     *previous*: the StudyRecord of its --json (the runner trains none of its runs again)."""
     name, folder = run_name(config, seed), RunFolder(study.run_folder(config, seed))
     run = record.run(config.variant, config.lr, seed)  # its folder's outcome, else the --json's record
-    if run is not None and run.get("diverged"):
-        return RunStatus(name, "diverged", f"diverged at update {run['diverged']['update']}")
+    if run is not None and run.diverged:
+        return RunStatus(name, "diverged", f"diverged at update {run.diverged['update']}")
     if (previous is not None and previous.run(config.variant, config.lr, seed) is not None) or folder.finished():
-        val = run.get("val")
-        return RunStatus(name, "finished", "finished" + (f", val BLEU {val['sacrebleu']:.2f}" if val else ""))
+        val = f", val BLEU {run.val['sacrebleu']:.2f}" if run.val else ""
+        return RunStatus(name, "finished", "finished" + val)
     trainer = folder.trainer()
     if trainer == "training":
         return RunStatus(name, "training", training_words(folder.progress(), study.epochs, per_epoch))
