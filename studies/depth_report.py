@@ -66,12 +66,9 @@ def parse_args(argv=None):
 
 
 def depth_studies(results=RESULTS, data=MULTI30K):
-    """The committed studies of the depth study, found from their records: studies/quality.py's
-    (``cpu-quality-*.json``) trained on the recipe's CPU schedule (preset cpu, its epochs) in
-    float32, with its runs scored on validation (where a rate is chosen), at any depth and warm-up
-    (a study of another warm-up names its variants by it). The bf16 study, the published recipe, the
-    shorter post-ln sweep and the first 4+4 study (no validation BLEU) are other questions. Those of
-    the recipe's warm-up first (the first of a depth names the rest), sweeps first, then by name."""
+    """The committed studies of the depth study, found from their records (``cpu-quality-*.json``):
+    those of preset cpu and its epochs, in float32, every run scored on validation, at any depth and
+    warm-up; the recipe's warm-up first (the first of a depth names the rest), sweeps first, then by name."""
     recipe = PRESETS["cpu"]
     records = [StudyRecord.load(path, data) for path in sorted(Path(results).glob("cpu-quality-*.json"))]
     found = [
@@ -223,10 +220,9 @@ def across_depths(studies, test_name):
 
 def figure_lines(studies, test_name):
     """Per variant, in the studies' order: [(depth, its trained seeds' test sacreBLEU, whether every
-    seed trained), ...] and its legend label. A seed below FAILED_BLEU did not train: drawn, it
-    would squash every other dot against the top of the axis, so the label names it (with the mean
-    over all seeds), and a depth's mean is drawn and joined only where every seed trained. A variant
-    that trained at no depth is still named (DeepNorm, when it had run at 18+18 only)."""
+    seed trained), ...] and its legend label. A seed below FAILED_BLEU did not train: the label names
+    it (drawn, it would squash the other dots), and a depth's mean is drawn only where every seed
+    trained. A variant that trained at no depth is still named."""
     lines = []
     for variant in dict.fromkeys(v for study in studies for v in study.settings.variants):
         trained, failed, partly = [], [], []

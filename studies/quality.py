@@ -174,7 +174,7 @@ def parse_args(argv=None):
         if args.lr is None
         else comma_list(p, "lr", args.lr, "a number or a comma list of numbers, e.g. 1e-3,2e-3", float)
     )
-    if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+    if args.lr is not None and (any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs)):
         p.error(f"--lr {args.lr}: learning rates must be positive and different")
     sweep, best_seeds, best_variants = len(lrs) > 1, [], None
     if args.widen and not sweep:

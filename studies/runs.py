@@ -58,11 +58,9 @@ def lines_of(path):
 
 @dataclass
 class Run:
-    """One run as a study's JSON holds it, under the same keys in the same order: who it is, its
-    folder's summary (RunFolder.summary) and dropout gap, and its scores on each test set and the
-    validation set (a score: sacreBLEU's numbers and signatures, and its hypotheses' paths), or
-    where it diverged. The fields in OPTIONAL are left out of the JSON when None (studies written
-    before them); a status's run (RunFolder.record, scored False) has only what the plan decides by."""
+    """One run as a study's JSON holds it, its keys in its order: who it is, its folder's summary and
+    dropout gap, and its scores (sacreBLEU's numbers, signatures and the hypotheses' paths) on each
+    test set and validation, or where it diverged. OPTIONAL fields are left out of the JSON when None."""
 
     variant: str
     lr: float  # None: the recipe's
@@ -327,11 +325,9 @@ class RunFolder:
         }
 
     def record(self, config, seed, target_lang, scored=True):
-        """The Run of *config* (study.RunConfig) and *seed* in this folder: its summary, dropout gap,
-        and its scores on each test set and the validation set, or where it diverged (and no
-        scores); None while it has neither finished nor diverged. *scored* False: only what a
-        study's plan decides by (Study.plan), nothing scored again: where it diverged, or its
-        validation sacreBLEU as scripts/score.py wrote it."""
+        """The Run of *config* (study.RunConfig) and *seed* in this folder; None while it has neither
+        finished nor diverged. *scored* False: only what Study.plan decides by, nothing scored again
+        (where it diverged, or its validation sacreBLEU as scripts/score.py wrote it)."""
         names, where = self.finished_test_sets(), self.diverged()
         if names is None and where is None:
             return None
@@ -394,10 +390,8 @@ def stopped_by(lines):
 
 def unrecorded_spans(lines, attempts):
     """(first logged line, seconds) of each fairseq-train invocation in the log *lines* that no attempt
-    of *attempts* covers: an attempt killed with its session (SIGKILL) leaves its log lines but no
-    attempt record. Each is counted from its first to its last logged line, a lower bound (the
-    recipe's few seconds before fairseq-train starts, and what it did after its last line, are
-    missed)."""
+    of *attempts* covers (one killed with its session leaves log lines, no record): from its first to
+    its last logged line, a lower bound."""
     invocations = []  # [first, last] timestamp of each fairseq-train in the log
     for line in lines:
         stamp = fairseq_log.timestamp(line)

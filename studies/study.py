@@ -153,11 +153,9 @@ class Study:
         return StudyRecord(self.settings(), runs, self.describe(), self.machine)
 
     def plan(self, record):
-        """The (config, seed) pairs the study trains, in the order supervise.run_all queues them, as
-        far as its *record* (Study.record) decides: every config's seed 1 first, then its other
-        --seeds; with --widen, the rate beyond the edge a variant's best is at, with --seeds; then
-        --best-seeds at each variant's best rate, seed 2 of every variant before seed 3. Runs
-        that are recorded are in it too."""
+        """The (config, seed) pairs the study trains (the recorded ones too), in supervise.run_all's
+        order, as far as its *record* decides: every config's --seeds; with --widen, the rate beyond a
+        best at an edge; then --best-seeds at each variant's best rate, seed 2 of every variant first."""
         runs = [(config, seed) for seed in self.seeds for config in self.configs]
         runs += [(self.config(variant, lr), seed) for variant, lr in record.widening() for seed in self.seeds]
         for seed in self.best_seeds:
