@@ -5,21 +5,17 @@ nothing; it reads the studies' JSONs and their committed translations.
     python studies/depth_report.py            # the committed studies, the figure into docs/figures/lr-sweep
     python studies/depth_report.py SHALLOW.json DEEP.json [DEEPER.json ...] --figure OUT.png
 
-1. Best against best at each depth: each variant at the rate its study chose on validation BLEU
-   (a study of one rate: that rate), mean ± sample std over the seeds present, sacrebleu's paired
-   bootstrap seed by seed and the exact permutation test across seeds for each pair of
-   scoring.PAIRS present (e.g. realformer − admin, pre-ln-realformer − pre-ln; studies/tables.py's
-   tables, as quality.py reports a study).
+1. Best against best at each depth: each variant at the rate its study chose on validation BLEU,
+   mean ± sample std over seeds, the paired bootstrap seed by seed and the permutation test across
+   seeds for each pair of scoring.PAIRS present (quality.py's tables).
 2. Depth against depth: each variant's deeper test BLEU against every shallower study's, the
    difference of the means and its permutation p where both have two seeds or more.
-3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line.
+3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line;
+   with --curves, every run of the deepest depth's validation loss.
 
-A study's depth is its settings' layers; each is compared with every shallower one. Studies of
-the same depth are one depth, their variants side by side (the 18+18 study of ADMIN and RealFormer,
-and the one of Pre-LN and DeepNorm beside it); with --curves, every run of the deepest depth's
-validation loss, one figure.
-A study not there yet, or seeds its settings ask for that are not in, are said in a line. The
-references are the JSON's paths, or the file of that name in --data.
+Studies of the same depth (their settings' layers) are one depth, their variants side by side. A
+study not there yet, or seeds not in yet, are said in a line. The references are the JSON's
+paths, or the file of that name in --data.
 """
 
 if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
@@ -42,7 +38,7 @@ from pathlib import Path
 from common.presets import PRESETS
 from common.repo import MULTI30K, REPO, repo_relative
 from studies import scoring, tables
-from studies.figures import frame, save, variant_colours
+from studies.figures import VALID_LOSS, frame, name_axes, save, variant_colours
 from studies.study import DEFINING, StudyRecord
 
 RESULTS = REPO / "studies" / "results"
@@ -66,9 +62,9 @@ def parse_args(argv=None):
 
 
 def depth_studies(results=RESULTS, data=MULTI30K):
-    """The committed studies of the depth study, found from their records (``cpu-quality-*.json``):
-    those of preset cpu and its epochs, in float32, every run scored on validation, at any depth and
-    warm-up; the recipe's warm-up first (the first of a depth names the rest), sweeps first, then by name."""
+    """The committed studies of the depth study (``cpu-quality-*.json`` of preset cpu and its epochs,
+    float32, every run scored on validation): the recipe's warm-up first (the first of a depth names
+    the rest), sweeps first, then by name."""
     recipe = PRESETS["cpu"]
     records = [StudyRecord.load(path, data) for path in sorted(Path(results).glob("cpu-quality-*.json"))]
     found = [
@@ -81,9 +77,8 @@ def depth_studies(results=RESULTS, data=MULTI30K):
 
 
 def one_study_each(parts):
-    """Studies of one depth with each variant from one of them: a variant trained the same way
-    (DEFINING) in several comes from the one that trained it at the most rates (a sweep over a
-    study of one rate; at equal, the newer). A study left with no variant is not a part."""
+    """Studies of one depth with each variant from one of them: of those that trained it the same
+    way (DEFINING), the one with the most rates, else the newer."""
 
     def key(part, variant):
         return (variant, *(getattr(part.settings, k) for k in DEFINING))
@@ -107,7 +102,7 @@ def one_study_each(parts):
 
 
 def scores(study, variant, test_name):
-    """The test sacreBLEU of *variant*'s seeds that finished at its best rate, seed order."""
+    """The test sacreBLEU of *variant*'s scored seeds at its best rate."""
     return [r.test_sets[test_name]["sacrebleu"] for r in study.scored if r.variant == variant]
 
 
@@ -140,8 +135,7 @@ def per_seed_lines(runs, test_name):
 
 
 def depth_section(study):
-    """One depth (StudyRecord.merged: one study, or several of the same depth): tables.table of each
-    variant at its best rate, with scoring.PAIRS compared, and each variant's seeds."""
+    """One depth (StudyRecord.merged): the table of each variant at its best rate, and its seeds."""
     layers, runs = study.layers, study.scored
     chosen = "; ".join(f"`{repo_relative(part.path)}`; peak lr {rate_chosen(part)}" for part in study.parts)
     title = f"### {layers}+{layers} layers, each variant at its best rate\n\n{chosen}."
@@ -163,30 +157,21 @@ def depth_section(study):
     if any(len([r for r in runs if r.variant == v]) > 1 for v in study.settings.variants):
         lines += ["Seed by seed:", *per_seed_lines(runs, study.test_names[0]), ""]
     waiting = {v: rates for part in study.parts for v, rates in part.undecided().items()}
-    if waiting:
-        lines.append(
-            "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains): "
-            + "; ".join(f"{v} (in: {', '.join(f'{lr:g}' for lr in rates)})" for v, rates in waiting.items())
-            + "."
-        )
     missing = {v: seeds for part in study.parts for v, seeds in part.missing_seeds().items()}
-    if missing:
-        lines.append(
-            "Seeds not in yet: " + "; ".join(f"{v} {', '.join(map(str, s))}" for v, s in missing.items()) + "."
-        )
-    diverged = [r for r in study.compared if r.diverged]
-    if diverged:
-        lines.append(
-            "Diverged: "
-            + "; ".join(f"{r.label} seed {r.seed} at update {r.diverged['update']}" for r in diverged)
-            + "."
-        )
+    said = {  # what is not in yet, or went wrong
+        "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains)": [
+            f"{v} (in: {', '.join(f'{lr:g}' for lr in rates)})" for v, rates in waiting.items()
+        ],
+        "Seeds not in yet": [f"{v} {', '.join(map(str, s))}" for v, s in missing.items()],
+        "Diverged": [f"{r.label} seed {r.seed} at update {r.diverged['update']}" for r in study.compared if r.diverged],
+    }
+    lines += [f"{head}: {'; '.join(items)}." for head, items in said.items() if items]
     return "\n".join(lines).rstrip()
 
 
 def across_depths(studies, test_name):
     """Each variant of each deeper study against every shallower one: test BLEU means, their
-    difference, and the permutation test where both have two seeds or more."""
+    difference, and the permutation test."""
 
     def with_seeds(study, variant):
         rate = next(r.lr for r in study.compared if r.variant == variant)
@@ -195,15 +180,7 @@ def across_depths(studies, test_name):
 
     lines = [f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth"]
     for index, base in enumerate(studies[:-1]):
-        name = f"{base.layers}+{base.layers}"
-        lines += [
-            "",
-            f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
-            "where both depths have 2 seeds or more.",
-            "",
-            f"| variant | layers | test BLEU | {name} test BLEU | Δ mean BLEU | permutation p |",
-            "|---|---|---|---|---|---|",
-        ]
+        name, rows = f"{base.layers}+{base.layers}", []
         for study in studies[index + 1 :]:
             for variant in base.settings.variants:
                 deep, shallow = scores(study, variant, test_name), scores(base, variant, test_name)
@@ -211,18 +188,26 @@ def across_depths(studies, test_name):
                     continue
                 delta, p_value, splits = scoring.permutation_test(deep, shallow)
                 p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
-                lines.append(
-                    f"| {variant} | {study.layers}+{study.layers} | {with_seeds(study, variant)} "
-                    f"| {with_seeds(base, variant)} | {delta:+.2f} | {p_cell} |"
+                layers = f"{study.layers}+{study.layers}"
+                rows.append(
+                    [variant, layers, with_seeds(study, variant), with_seeds(base, variant), f"{delta:+.2f}", p_cell]
                 )
+        lines += [
+            "",
+            f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
+            "where both depths have 2 seeds or more.",
+            "",
+            *tables.markdown(
+                ["variant", "layers", "test BLEU", f"{name} test BLEU", "Δ mean BLEU", "permutation p"], rows
+            ),
+        ]
     return "\n".join(lines)
 
 
 def figure_lines(studies, test_name):
-    """Per variant, in the studies' order: [(depth, its trained seeds' test sacreBLEU, whether every
-    seed trained), ...] and its legend label. A seed below FAILED_BLEU did not train: the label names
-    it (drawn, it would squash the other dots), and a depth's mean is drawn only where every seed
-    trained. A variant that trained at no depth is still named."""
+    """Per variant: (variant, [(depth, its trained seeds' test sacreBLEU, whether every seed trained)],
+    its legend label). A seed below FAILED_BLEU did not train: the label names it (drawn, it would
+    squash the other dots), and a depth's mean is drawn only where every seed trained."""
     lines = []
     for variant in dict.fromkeys(v for study in studies for v in study.settings.variants):
         trained, failed, partly = [], [], []
@@ -248,8 +233,8 @@ def figure_lines(studies, test_name):
 
 
 def one_rate(studies):
-    """ "VARIANT at N+N (LR)" for each variant a study ran at one peak lr only: its dot is not a
-    best rate (DeepNorm at 4+4, issue 69); not a sweep's variant with one of its rates in so far."""
+    """ "VARIANT at N+N (LR)" for each variant a study ran at one peak lr only (its dot is not a best
+    rate; issue 69), not a sweep's variant whose rate is undecided."""
     found = []
     for merged in studies:
         for study in merged.parts or [merged]:  # a depth's studies, each with its own runs
@@ -262,7 +247,7 @@ def one_rate(studies):
 
 def depth_figure(studies, path):
     """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
-    line, at the depths where it trained; the legend names the seeds that did not (figure_lines)."""
+    line (figure_lines)."""
     test_name = studies[0].test_names[0]
     # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
     what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", studies[0].what)
@@ -283,22 +268,16 @@ def depth_figure(studies, path):
         ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=textwrap.fill(label, 60))
     ticks = [study.layers for study in studies]
     ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
-    ax.set_xlabel("layers in each of the encoder and the decoder")
-    ax.set_ylabel(f"test sacreBLEU ({test_name})")
-    ax.set_title(
-        "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
-        + (textwrap.fill(f"one peak lr only: {', '.join(single)}", 85) + "\n" if single else "")
-        + textwrap.fill(what, 85),
-        fontsize=10,
-    )
-    ax.grid(alpha=0.3)
+    title = "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
+    title += textwrap.fill(f"one peak lr only: {', '.join(single)}", 85) + "\n" if single else ""
+    title += textwrap.fill(what, 85)
+    name_axes(ax, "layers in each of the encoder and the decoder", f"test sacreBLEU ({test_name})", title)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2)  # below: off the seeds' dots
     return save(fig, path)
 
 
 def machines(what, studies):
-    """*what* (the shallowest study's description, which ends in its machine) naming every study's
-    machine, by depth, where the studies ran on more than one."""
+    """*what*, which ends in its machine, naming each depth's where the studies ran on several."""
     named = list(dict.fromkeys(study.machine for study in studies if study.machine))
     if len(named) < 2:
         return what
@@ -307,8 +286,7 @@ def machines(what, studies):
 
 
 def curves_figure(study, path):
-    """Every run's validation loss against updates at one depth, coloured by variant: which runs
-    learned, and how alike a variant's seeds are."""
+    """Every run's validation loss against updates at one depth, coloured by variant."""
     variants = list(dict.fromkeys(r.variant for r in study.compared))
     colours = variant_colours(variants)  # the depth figure's: the two are read side by side
     fig, ax = frame((8, 5.5))
@@ -318,14 +296,8 @@ def curves_figure(study, path):
             label = f"{variant} (lr {run.lr:g})" if i == 0 else None
             ax.plot(updates, losses, "-", color=colours[variant], alpha=0.75, linewidth=1.2, label=label)
     layers = study.layers
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
-    ax.set_title(
-        f"Validation loss of every {layers}+{layers} run, one line a seed, at each variant's best rate\n"
-        + textwrap.fill(study.what, 85),
-        fontsize=10,
-    )
-    ax.grid(alpha=0.3)
+    title = f"Validation loss of every {layers}+{layers} run, one line a seed, at each variant's best rate"
+    name_axes(ax, "updates", VALID_LOSS, f"{title}\n{textwrap.fill(study.what, 85)}")
     ax.legend(fontsize=8)
     return save(fig, path)
 

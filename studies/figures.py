@@ -25,8 +25,8 @@ COLOUR_ORDER = (
 
 
 def variant_colours(variants):
-    """Each variant's colour, the same whatever else a figure draws (tab10 in COLOUR_ORDER, then
-    any other variant in the order given), so that figures set side by side agree."""
+    """Each variant's colour, the same whatever else a figure draws (tab10 in COLOUR_ORDER, then the
+    rest): figures set side by side agree."""
     from matplotlib import colormaps
 
     palette = colormaps["tab10"].colors
@@ -44,6 +44,17 @@ def frame(figsize, columns=1, **subplots):
     return plt.subplots(1, columns, figsize=figsize, **subplots)
 
 
+VALID_LOSS = "validation loss (label-smoothed cross-entropy, base 2)"  # the y axis of every validation curve
+
+
+def name_axes(ax, xlabel, ylabel, title):
+    """Name *ax*'s axes and title it, with a light grid: every study figure's look."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+
+
 def save(fig, path):
     """*fig*, laid out, into the PNG *path* (its folder made); its path."""
     import matplotlib.pyplot as plt
@@ -56,8 +67,8 @@ def save(fig, path):
 
 
 def figures(record, folder, stem):
-    """Two PNGs of the runs compared (StudyRecord.scored): validation loss against updates (seeds as
-    a band), and test sacreBLEU per variant."""
+    """Validation loss against updates (seeds as a band) and test sacreBLEU per variant, of the runs
+    compared."""
     what = textwrap.fill(record.what, 85)  # the title's second line: what was measured on which data and machine
     runs = record.scored
     present = list(dict.fromkeys(r.label for r in runs))
@@ -80,10 +91,7 @@ def figures(record, folder, stem):
         tail += [loss for v in losses[length // 4 :] for loss in v]
     if tail:  # the first epochs' losses are far above the rest: show where the variants differ
         ax.set_ylim(min(tail) - 0.05, max(tail) + 0.05)
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
-    ax.set_title(f"Validation loss during training, mean over seeds (band: min–max)\n{what}", fontsize=10)
-    ax.grid(alpha=0.3)
+    name_axes(ax, "updates", VALID_LOSS, f"Validation loss during training, mean over seeds (band: min–max)\n{what}")
     ax.legend()
     paths = [save(fig, folder / f"{stem}.valid-loss.png")]
 
@@ -109,9 +117,8 @@ def depth(record):
 
 
 def sweep_lines(records, test_name):
-    """The sweep figure's lines: for each sweep of *records* (the first solid, the others dashed,
-    each named by its depth when there are several) and each of the first's variants, the first
-    seed's test sacreBLEU at every rate it finished, and the rates where it diverged."""
+    """Per sweep of *records* (the first solid, the others dashed) and the first's variants: the
+    first seed's test sacreBLEU at every rate it finished, and where it diverged."""
     lines = []
     for index, record in enumerate(records):
         seed = min((r.seed for r in record.runs), default=1)
@@ -132,9 +139,8 @@ def sweep_lines(records, test_name):
 
 
 def sweep_figure(record, folder, stem, beside=None):
-    """Test sacreBLEU against the peak learning rate, one line per variant (the first seed), diverged
-    runs marked on the axis; with *beside* (another sweep's StudyRecord), its lines dashed and each
-    sweep's named by its depth."""
+    """Test sacreBLEU against the peak learning rate, a line per variant (the first seed), diverged
+    runs marked on the axis; with *beside* (another sweep's record), its lines dashed."""
     test_name = record.test_names[0] if record.test_names else None
     variants = record.settings.variants
     colours = variant_colours(variants)
@@ -157,11 +163,7 @@ def sweep_figure(record, folder, stem, beside=None):
     ax.set_xticks(ticks, [f"{lr:g}" for lr in ticks])
     ax.minorticks_off()
     ax.set_ylim(-1, ax.get_ylim()[1] + 2)  # room above the best point, and the diverged marks at 0
-    ax.set_xlabel("peak learning rate (log scale)")
-    ax.set_ylabel(f"test sacreBLEU ({test_name})")
-    ax.set_title(
-        f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(record.what, 85)}", fontsize=10
-    )
-    ax.grid(alpha=0.3)
+    title = f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(record.what, 85)}"
+    name_axes(ax, "peak learning rate (log scale)", f"test sacreBLEU ({test_name})", title)
     ax.legend(fontsize=8)
     return save(fig, folder / f"{stem}.bleu-vs-lr.png")

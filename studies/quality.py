@@ -10,8 +10,7 @@ More:
     python studies/quality.py --quick --seeds 1,2      # minutes on a CPU: proves the pipeline runs
     python studies/quality.py --preset cpu --lr 2e-3,4e-3,8e-3 --seeds 1 --best-seeds 2,3 ...
         # a sweep: every variant at every rate, then seeds 2 and 3 of each at its best rate on
-        # validation BLEU (never a test set); --widen: a best at an edge of --lr also trains the
-        # rate beyond it (half the lowest, twice the highest) and chooses among the three
+        # validation BLEU (never a test set)
     python studies/quality.py --preset published --variants fairseq,post-ln-realformer ...
         # the literature's recipe (Wu et al. 2021, 41.02 BLEU), scored as it scores
     python studies/quality.py --preset cpu --report-only --json FILE    # train nothing: report
@@ -30,12 +29,10 @@ Presets (every variant alike; --lr, --warmup, --epochs, --layers override them):
 Stop it any time (Ctrl-C); the same command goes on: finished runs are skipped, a stopped one
 resumes from its last epoch checkpoint, and the runs a --json file of the same settings holds
 count as finished (a committed study goes on in a fresh checkout). Seed 1 of every variant runs
-first. --jobs N: N runs side by side, one thread each (on 2 cores, two make more tokens/s than
-one of two threads). A run that diverges (studies/divergence.py) is stopped at once, recorded
-with its update and never chosen as a best. --dropout-gap: each run's checkpoints are scored,
-once it has finished, with dropout off and on (studies/dropout_gap.py; --report-only scores
-none): a deep Post-LN can learn with dropout on and break with it off. Folders: OUT/data (binarised once), OUT/VARIANT/seedS, with the flags
-given in its name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
+first. A run that diverges (studies/divergence.py) is stopped at once, recorded with its update
+and never chosen as a best. --dropout-gap: a deep Post-LN can learn with dropout on and break
+with it off. Folders: OUT/data (binarised once), OUT/VARIANT/seedS, with the flags given in its
+name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
 
 Environment: REALFORMER_RUNS=DIR keeps the work folders there (runs/NAME is DIR/NAME: set it to a
 folder outside the checkout for a study that outlasts a session, and the same command in a fresh

@@ -36,8 +36,7 @@ def primary(score):
 
 
 def paired_bootstrap(system, baseline, references, metric=None):
-    """sacrebleu's paired bootstrap resampling (--paired-bs, 1,000 samples, its fixed seed): the
-    BLEU difference system - baseline and its p-value (sacreBLEU's default BLEU, or *metric*)."""
+    """sacrebleu's paired bootstrap (--paired-bs, its fixed seed): system - baseline and its p-value."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
@@ -54,8 +53,7 @@ def paired_bootstrap(system, baseline, references, metric=None):
 
 
 def comparisons(runs, pairs=PAIRS):
-    """Each pair (system, baseline) of *pairs*, on each test set, for each seed of *runs* (runs.Run)
-    that both variants finished."""
+    """Each pair of *pairs*, on each test set, for each seed both variants finished."""
     from sacrebleu.metrics import BLEU
 
     by_key = {(r.variant, r.seed): r for r in runs}
@@ -93,9 +91,7 @@ def permutation_test(scores_a, scores_b):
 
 
 def seed_comparisons(runs, pairs=PAIRS):
-    """Each pair (system, baseline) of *pairs*, on each test set, across seeds: sacreBLEU's
-    difference of means and the permutation test's p-value (for variants with two seeds or more
-    each)."""
+    """Each pair of *pairs* with two seeds or more each, on each test set: the permutation test."""
     found = []
     for a, b in pairs:
         mine = {variant: [r for r in runs if r.variant == variant] for variant in (a, b)}

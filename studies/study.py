@@ -1,12 +1,9 @@
-"""A quality study: what it trains (variants × peak learning rates × seeds, on one preset), where
-its runs' folders are, and its record: the runs gathered from their folders or loaded from its
-JSON (a StudyRecord, which answers what a report asks of a study), written and read here.
+"""A quality study: its plan (Study: variants × peak learning rates × seeds, and their folders)
+and its record (StudyRecord: the runs gathered from their folders or loaded from its JSON).
 
-The JSON: "what", the header (common.results), "settings" (Settings: what the runs were trained
-with; a study goes on from the runs a JSON of the same settings holds), "runs" (each a runs.Run,
-with the committed translations' paths), "best" (a sweep: each variant's chosen rate),
-"comparisons" (paired bootstrap, seed by seed), "seed_comparisons" (the permutation test across
-seeds) and "summary" (mean ± std).
+The JSON: "what", the header (common.results), "settings" (Settings), "runs" (runs.Run, naming the
+committed translations), "best" (a sweep's chosen rates), "comparisons" (paired bootstrap),
+"seed_comparisons" (permutation test across seeds) and "summary" (mean ± std).
 """
 
 import copy
@@ -36,7 +33,7 @@ class RunConfig:
 
 @dataclass
 class Study:
-    """A study's settings, from the command line (quality.py) to the JSON (settings())."""
+    """A study's plan, from the command line (quality.py)."""
 
     preset_name: str  # a key of common.presets.PRESETS ("quick" for --quick)
     variants: list
@@ -75,22 +72,14 @@ class Study:
             f"-{name}{self.overrides[name]:g}" for name in ("warmup", "epochs", "layers") if name in self.overrides
         )
         self.run_suffix = suffix + ("-bf16" if self.bf16 else "")
-        self.configs = [
-            RunConfig(
-                f"{variant} lr={lr:g}" if self.sweep else variant,
-                variant,
-                lr,
-                (f"-lr{lr:g}" if self.lr_given else "") + self.run_suffix,
-            )
-            for variant in self.variants
-            for lr in self.lrs
-        ]
+        self.configs = [self._config(variant, lr, self.lr_given) for variant in self.variants for lr in self.lrs]
         # --widen: the rate beyond each edge, trained for a variant whose best is at that edge
-        self.beyond = [
-            RunConfig(f"{variant} lr={lr:g}", variant, lr, f"-lr{lr:g}{self.run_suffix}")
-            for variant in (self.variants if self.widen else ())
-            for lr in (min(self.lrs) / 2, max(self.lrs) * 2)
-        ]
+        edges = beyond_edges(self.lrs).values() if self.widen else ()
+        self.beyond = [self._config(variant, lr, True) for variant in self.variants for lr in edges]
+
+    def _config(self, variant, lr, rate_named):
+        label = f"{variant} lr={lr:g}" if self.sweep else variant
+        return RunConfig(label, variant, lr, (f"-lr{lr:g}" if rate_named else "") + self.run_suffix)
 
     @property
     def all_configs(self):
@@ -124,8 +113,8 @@ class Study:
         )
 
     def previous(self):
-        """The StudyRecord of the --json file this study goes on from: None when there is none, or
-        when its runs were trained with other settings (the rate aside)."""
+        """The StudyRecord of the --json this study goes on from; None without one, or when its runs
+        were trained otherwise (DEFINING)."""
         path = Path(self.json) if self.json else None
         if path is None or not path.exists():
             return None
@@ -133,14 +122,11 @@ class Study:
         return record if all(getattr(record.settings, k) == getattr(mine, k) for k in DEFINING) else None
 
     def config(self, variant, lr):
-        """The config that trains *variant* at *lr* (a sweep's rate, or one beyond its edges)."""
         return next(c for c in self.all_configs if (c.variant, c.lr) == (variant, lr))
 
     def record(self, previous=None, scored=True):
-        """The study's record: every finished run, from its folder, else from *previous* (the
-        StudyRecord it goes on from: a fresh checkout has no run folders), under this study's label
-        for its variant and rate (a sweep takes a single-rate study's runs as its own at that rate).
-        *scored* False: only what the plan decides by (RunFolder.record), for a status at once."""
+        """Every finished run, from its folder, else from *previous* (a fresh checkout has no run
+        folders), under this study's label. *scored* False: only what the plan decides by."""
         runs = []
         for seed in self.seeds + self.best_seeds:
             for config in self.all_configs:
@@ -153,9 +139,8 @@ class Study:
         return StudyRecord(self.settings(), runs, self.describe(), self.machine)
 
     def plan(self, record):
-        """The (config, seed) pairs the study trains (the recorded ones too), in supervise.run_all's
-        order, as far as its *record* decides: every config's --seeds; with --widen, the rate beyond a
-        best at an edge; then --best-seeds at each variant's best rate, seed 2 of every variant first."""
+        """The (config, seed) pairs to train, in order, as far as *record* decides: every config's
+        --seeds; --widen's rates; then --best-seeds at each variant's best rate, seed by seed."""
         runs = [(config, seed) for seed in self.seeds for config in self.configs]
         runs += [(self.config(variant, lr), seed) for variant, lr in record.widening() for seed in self.seeds]
         for seed in self.best_seeds:
@@ -163,25 +148,21 @@ class Study:
         return list(dict.fromkeys(runs))
 
     def decided(self, record):
-        """Whether *record* has chosen every rate the plan waits for (before that, plan() holds only
-        the runs known so far): with --widen every variant's best, with --best-seeds each of
-        --best-variants' (with --widen, a best at an edge is chosen once the rate beyond it is in)."""
+        """Whether *record* has chosen every rate the plan waits for (--widen: every variant's,
+        --best-seeds: each of --best-variants')."""
         if not self.sweep or not (self.widen or self.best_seeds):
             return True
         return all(v in record.best for v in (self.variants if self.widen else self.best_variants or self.variants))
 
     def machines(self, previous):
-        """The machine the JSON names: --machine, after the one of *previous* (the JSON this study
-        goes on from) when that does not name it yet (its runs trained there); that one alone when it
-        does."""
+        """--machine, after *previous*'s machine (where its runs trained) unless that names it."""
         before = previous.machine if previous else None
         if not before:
             return self.machine
         return before if self.machine in before else f"{before}; later runs: {self.machine}"
 
     def save(self, argv, record, found, across_seeds, show=True):
-        """--json: the study's *record* with its translations committed beside it, and *found* and
-        *across_seeds*, its comparisons (scoring)."""
+        """--json: *record*, its translations committed beside it, and its comparisons."""
         path = Path(self.json)
         write_result(
             path,
@@ -206,8 +187,7 @@ DEFINING = ("preset", "epochs", "layers", "warmup", "bf16")
 
 @dataclass
 class Settings:
-    """What a study's runs were trained with, as its JSON's "settings" holds them: the fields of
-    OPTIONAL only when given (the studies committed before them have none)."""
+    """What a study's runs were trained with, as its JSON holds them (OPTIONAL ones only when given)."""
 
     preset: str = None
     epochs: int = None
@@ -231,9 +211,7 @@ class Settings:
 
 @dataclass
 class StudyRecord:
-    """A study's record: its settings and its runs, as its JSON holds them (load) or as a Study
-    gathers them (Study.record), with what it trained on which machine; the questions asked of a
-    study, each answered here."""
+    """A study's settings and runs, loaded or gathered (Study.record): what a report asks of a study."""
 
     settings: Settings
     runs: list  # of runs.Run
@@ -262,10 +240,8 @@ class StudyRecord:
 
     @classmethod
     def merged(cls, parts):
-        """Studies of one depth as one record: each variant's runs at its best rate side by side,
-        their settings' variants in order, not a sweep. A study trained otherwise than the first
-        (DEFINING) names its variants with what differs ("deepnorm, warm-up 1600"): its seeds are
-        not the same variant's."""
+        """Studies of one depth as one record of each variant at its best rate; a study trained
+        otherwise than the first names its variants with what differs ("deepnorm, warm-up 1600")."""
 
         def named(part, name):  # a variant or a run's label
             differs = [
@@ -286,37 +262,28 @@ class StudyRecord:
         return cls(settings, runs, first.what, first.machine, first.date, parts=parts)
 
     def run(self, variant, lr, seed):
-        """The Run of *variant* at *lr* with *seed*; None when it is not in."""
         return next((r for r in self.runs if (r.variant, r.lr, r.seed) == (variant, lr, seed)), None)
 
     @property
     def best(self):
-        """A sweep's chosen rate per variant whose --seeds runs are all in at every rate: the best
-        mean validation sacreBLEU over those seeds; diverged runs are never best. With --widen, a
-        variant whose best is at an edge of --lr is decided only once the rate beyond it is in."""
-        best = {}
-        for variant in self.settings.variants if self.sweep else ():
-            lrs = list(self.settings.lrs)
-            beyond = self._beyond(self._best_of(variant, lrs))
-            chosen = self._best_of(variant, lrs + ([beyond] if beyond else []))
-            if chosen is not None:
-                best[variant] = chosen
-        return best
+        """A sweep's chosen rate per variant (_best_of), with --widen among the rate beyond an edge too."""
+        swept = self.settings.variants if self.sweep else []
+        chosen = {v: self._best_of(v, [*self.settings.lrs, *self._beyond(v)]) for v in swept}
+        return {variant: lr for variant, lr in chosen.items() if lr is not None}
 
     def widening(self):
-        """--widen: (variant, rate) beyond the edge of --lr that a variant's best sweep rate is at."""
-        edges = ((v, self._beyond(self._best_of(v, self.settings.lrs))) for v in self.settings.variants)
-        return [(variant, lr) for variant, lr in edges if lr] if self.sweep else []
+        """--widen: (variant, rate beyond the edge of --lr that its best is at)."""
+        return [(v, lr) for v in (self.settings.variants if self.sweep else []) for lr in self._beyond(v)]
 
-    def _beyond(self, lr):
-        """The --widen rate beyond *lr* when it is an edge of --lr (half the lowest, twice the highest)."""
+    def _beyond(self, variant):
+        """With --widen, the rate beyond the edge of --lr that *variant*'s best is at, if it is."""
         lrs = self.settings.lrs
-        edges = {min(lrs): min(lrs) / 2, max(lrs): max(lrs) * 2} if self.settings.widen and lrs else {}
-        return edges.get(lr)
+        edge = beyond_edges(lrs).get(self._best_of(variant, lrs)) if self.settings.widen else None
+        return [edge] if edge else []
 
     def _best_of(self, variant, lrs):
-        """The rate of *lrs* with *variant*'s best mean validation sacreBLEU over the sweep's seeds,
-        once every one is in (None before); diverged runs are never best."""
+        """The rate of *lrs* with the best mean validation sacreBLEU over --seeds, once all are in;
+        diverged runs are never best."""
         runs = {lr: [self.run(variant, lr, seed) for seed in self.settings.seeds] for lr in lrs}
         if any(r is None for found in runs.values() for r in found):
             return None
@@ -327,26 +294,23 @@ class StudyRecord:
 
     @property
     def compared(self):
-        """The runs compared across seeds: all of them; in a sweep, each variant at its best rate
-        (none when it chose none)."""
+        """All runs; in a sweep, each variant's at its best rate."""
         best = self.best
         return [r for r in self.runs if not self.sweep or best.get(r.variant) == r.lr]
 
     @property
-    def scored(self):
-        """The runs compared that did not diverge: those with scores."""
+    def scored(self):  # the runs compared that have scores
         return [r for r in self.compared if not r.diverged]
 
     def further_seeds(self, variant):
-        """The --best-seeds the settings ask of *variant* at its best rate (of --best-variants only)."""
+        """The --best-seeds asked of *variant* (one of --best-variants) at its best rate."""
         settings = self.settings
         return (settings.best_seeds or []) if variant in (settings.best_variants or [variant]) else []
 
     @classmethod
     def load(cls, path, data):
-        """The JSON at *path*, each score's `hypotheses` (and the published recipe's
-        `hypotheses_tok`) the committed translations, as scoring.comparisons reads them, and its
-        reference the one the JSON names where it is, else the file of that name in *data*."""
+        """The JSON at *path*, its scores' `hypotheses` the committed translations, and its reference
+        the one it names where that is, else the file of that name in *data*."""
         record = cls.from_json(read_result(path), Path(path))
         for score in (score for run in record.runs for score in run.scored_sets.values()):
             for form in ("", "_tok"):
@@ -361,14 +325,12 @@ class StudyRecord:
         return record
 
     def undecided(self):
-        """Per variant of a sweep that has runs in but no best rate yet (its seed-1 runs are not all
-        in, or, with --widen, its best is at an edge and the rate beyond it still trains): the rates in."""
+        """Per variant of a sweep with runs in but no best rate yet: the rates in."""
         rates = {v: sorted({r.lr for r in self.runs if r.variant == v}) for v in self.settings.variants}
         return {v: mine for v, mine in rates.items() if self.sweep and v not in self.best and mine}
 
     def missing_seeds(self):
-        """Per variant, the seeds its settings ask for at its best rate that are not in yet (a variant
-        whose rate is not chosen yet: said by undecided())."""
+        """Per variant with a best rate, the seeds asked of it there that are not in yet."""
         missing, waiting = {}, self.undecided()
         for variant in (v for v in self.settings.variants if v not in waiting):
             present = {r.seed for r in self.compared if r.variant == variant}
@@ -378,10 +340,13 @@ class StudyRecord:
         return missing
 
 
+def beyond_edges(lrs):
+    """--widen's rates, by the edge of *lrs* they are beyond: half the lowest, twice the highest."""
+    return {min(lrs): min(lrs) / 2, max(lrs): max(lrs) * 2}
+
+
 def committed(run, folder, target_lang):
-    """*run*'s JSON, its hypotheses gzipped into *folder* (reproducibly: no name or time in the
-    header) and named by those paths, relative to the repository when inside it (`translations`),
-    in place of their local ones."""
+    """*run*'s JSON naming its hypotheses gzipped into *folder* (`translations`, reproducibly)."""
     run = copy.deepcopy(run)  # the recorded run: a later report in this process compares it again
     folder.mkdir(parents=True, exist_ok=True)
     for name, score in run.scored_sets.items():

@@ -16,6 +16,12 @@ def cell(values, digits=2, scale=1.0):
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
+def markdown(headings, rows):
+    """A Markdown table's lines: its headings, its rule, a line per row of cells."""
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [headings, *rows]]
+    return [lines[0], "|" + "---|" * len(headings), *lines[1:]]
+
+
 def score_columns(name, published):
     """The score columns for test set *name*: (heading, a score's number); the published recipe's
     put the literature's BLEU first, and its distance to the published number."""
@@ -35,9 +41,8 @@ def score_columns(name, published):
 
 
 def table(record, title, comparisons_found, across_seeds=()):
-    """A study's runs compared (StudyRecord.scored) as Markdown: one table per test set (mean ± std
-    over seeds), then the comparisons seed by seed and across seeds. A study of the published recipe
-    compares on the literature's BLEU, and says why each run stopped."""
+    """A study's runs compared (StudyRecord.scored): per test set the mean ± std over seeds, then the
+    comparisons seed by seed and across seeds (the published recipe's on the literature's BLEU)."""
     lines = [title, ""]
     runs = record.scored  # the diverged: listed by sweep_table
     labels = dict.fromkeys(r.label for r in runs)
@@ -49,12 +54,7 @@ def table(record, title, comparisons_found, across_seeds=()):
         headings = [heading for heading, _ in columns] + ["best valid loss", "updates"]
         headings += ["epochs", "stopped by"] if published else []
         headings += ["wall (min)", "tokens/s"] + (["val BLEU"] if with_val else [])
-        lines += [
-            f"**{name}** (mean ± sample std over seeds)",
-            "",
-            "| variant | seeds | " + " | ".join(headings) + " |",
-            "|---|---|" + "---|" * len(headings),
-        ]
+        rows = []
         for label in labels:
             mine = [r for r in runs if r.label == label]
             cells = [cell([number(r.test_sets[name]) for r in mine]) for _, number in columns]
@@ -64,7 +64,8 @@ def table(record, title, comparisons_found, across_seeds=()):
             cells += [cell([r.wall_s for r in mine], 1, 1 / 60), cell([r.tokens_per_s for r in mine], 0)]
             if with_val:
                 cells.append(cell([primary(r.val) if r.val is not None else None for r in mine]))
-            lines.append(f"| {label} | {','.join(str(r.seed) for r in mine)} | " + " | ".join(cells) + " |")
+            rows.append([label, ",".join(str(r.seed) for r in mine), *cells])
+        lines += [f"**{name}** (mean ± sample std over seeds)", "", *markdown(["variant", "seeds", *headings], rows)]
         first = mine[0].test_sets[name]
         signatures = (
             f"the literature's BLEU: {first['bleu_tok_signature']}; sacreBLEU: {first['signature']}; "
@@ -75,37 +76,35 @@ def table(record, title, comparisons_found, across_seeds=()):
         )
         lines += ["", signatures, ""]
     if comparisons_found:
-        lines += [
-            f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), {metric} of a minus b, seed by seed:",
-            "",
-            "| a | b | test set | seed | Δ BLEU | p-value |",
-            "|---|---|---|---|---|---|",
+        bootstrap = f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), {metric} of a minus b"
+        rows = [
+            [c["a"], c["b"], c["test_set"], c["seed"], f"{c['delta']:+.2f}", f"{c['p_value']:.3f}"]
+            for c in comparisons_found
         ]
-        for c in comparisons_found:
-            lines.append(
-                f"| {c['a']} | {c['b']} | {c['test_set']} | {c['seed']} | {c['delta']:+.2f} | {c['p_value']:.3f} |"
-            )
+        lines += [
+            f"{bootstrap}, seed by seed:",
+            "",
+            *markdown(["a", "b", "test set", "seed", "Δ BLEU", "p-value"], rows),
+        ]
     if across_seeds:
         lines += [
             "",
             f"Across seeds: difference of the {metric} means, a minus b, and its exact permutation test "
             "(every split of the seeds' scores into the two groups):",
             "",
-            "| a | b | test set | seeds | Δ mean BLEU | p-value | splits |",
-            "|---|---|---|---|---|---|---|",
         ]
-        for c in across_seeds:
-            seeds = f"{','.join(map(str, c['seeds_a']))} / {','.join(map(str, c['seeds_b']))}"
-            lines.append(
-                f"| {c['a']} | {c['b']} | {c['test_set']} | {seeds} | {c['delta_mean']:+.2f} "
-                f"| {c['p_value']:.3f} | {c['splits']} |"
-            )
+        rows = [
+            [c["a"], c["b"], c["test_set"], " / ".join(",".join(map(str, c[k])) for k in ("seeds_a", "seeds_b"))]
+            + [f"{c['delta_mean']:+.2f}", f"{c['p_value']:.3f}", c["splits"]]
+            for c in across_seeds
+        ]
+        lines += markdown(["a", "b", "test set", "seeds", "Δ mean BLEU", "p-value", "splits"], rows)
     return "\n".join(lines)
 
 
 def last_gap(run):
-    """The last checkpoint the run's dropout-gap record scored (the averaged one, which translates,
-    when it has one), as "off / on (checkpoint)"; "—" without a record."""
+    """The last checkpoint its dropout-gap record scored (the averaged one, when made) as "off / on
+    (checkpoint)"; "—" without one."""
     rows = (run.dropout_gap or {}).get("rows") if run else None
     if not rows:
         return "—"
@@ -115,23 +114,14 @@ def last_gap(run):
 
 
 def sweep_table(record):
-    """A learning-rate sweep as Markdown: per variant and rate (its --lr, and any other its runs
-    have), the first seed's validation and test sacreBLEU and best validation loss, or where it
-    diverged; each variant's best rate marked."""
+    """A learning-rate sweep: per variant and rate, the first seed's validation and test sacreBLEU and
+    best validation loss, or where it diverged; each variant's best rate marked."""
     runs, best, test_names = record.runs, record.best, record.test_names
     seed = min(r.seed for r in runs)
     gaps = any(r.dropout_gap for r in runs)  # studies/quality.py --dropout-gap
-    lines = [
-        f"{record.what}",
-        "",
-        f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):",
-        "",
-        "| variant | peak lr | val BLEU | "
-        + " | ".join(f"{name} BLEU" for name in test_names)
-        + " | best valid loss | updates |"
-        + (" last checkpoint: valid loss, dropout off / on |" if gaps else ""),
-        "|---|---|---|" + "---|" * len(test_names) + "---|---|" + ("---|" if gaps else ""),
-    ]
+    headings = ["variant", "peak lr", "val BLEU", *(f"{name} BLEU" for name in test_names), "best valid loss"]
+    headings += ["updates"] + (["last checkpoint: valid loss, dropout off / on"] if gaps else [])
+    rows = []
     for variant in record.settings.variants:
         for lr in sorted({*record.settings.lrs, *(r.lr for r in runs if r.variant == variant)}):  # and --widen's
             r = record.run(variant, lr, seed)
@@ -147,7 +137,9 @@ def sweep_table(record):
                     + [f"{r.best_valid_loss:.3f}" if r.best_valid_loss is not None else "—", str(r.updates)]
                 )
             star = " ★" if best.get(variant) == lr else ""
-            lines.append(f"| {variant}{star} | {lr:g} | " + " | ".join(cells + ([last_gap(r)] if gaps else [])) + " |")
+            rows.append([f"{variant}{star}", f"{lr:g}", *cells, *([last_gap(r)] if gaps else [])])
+    intro = f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):"
+    lines = [record.what, "", intro, "", *markdown(headings, rows)]
     diverged = [r for r in runs if r.diverged]
     if diverged:
         lines += [
