@@ -3,9 +3,10 @@ rates, scored, compared and drawn. `python studies/quality.py --help` is where t
 is what they found. They may import the plugin and common/, never benchmarks/.
 
     quality.py       the command line: a study's settings from its flags, then train and report
-    study.py         a Study (the plan: its runs' settings and folders) and its StudyRecord (the runs
-                     gathered or loaded, the verdict rules: best rate, seeds, what is compared), the JSON
-    runs.py          one run folder: what the recipe and the runner leave there, and what it measured
+    study.py         a Study (the plan: its runs' settings and folders) and its StudyRecord (its Settings
+                     and runs, gathered or loaded; the verdict rules: best rate, seeds, what is compared)
+    runs.py          one run folder (RunFolder): what the recipe and the runner leave there, and a
+                     run's record (Run), as the study's JSON holds it
     recipe.py        the Multi30k recipe's commands: the data, a run's fairseq-train flags
     supervise.py     training a study's runs N at a time: locks, niceness, the divergence watch
     status.py        each run's state while a study trains (quality.py --status), and the runner's epoch lines

@@ -5,21 +5,17 @@ nothing; it reads the studies' JSONs and their committed translations.
     python studies/depth_report.py            # the committed studies, the figure into docs/figures/lr-sweep
     python studies/depth_report.py SHALLOW.json DEEP.json [DEEPER.json ...] --figure OUT.png
 
-1. Best against best at each depth: each variant at the rate its study chose on validation BLEU
-   (a study of one rate: that rate), mean ± sample std over the seeds present, sacrebleu's paired
-   bootstrap seed by seed and the exact permutation test across seeds for each pair of
-   scoring.PAIRS present (e.g. realformer − admin, pre-ln-realformer − pre-ln; studies/tables.py's
-   tables, as quality.py reports a study).
+1. Best against best at each depth: each variant at the rate its study chose on validation BLEU,
+   mean ± sample std over seeds, the paired bootstrap seed by seed and the permutation test across
+   seeds for each pair of scoring.PAIRS present (quality.py's tables).
 2. Depth against depth: each variant's deeper test BLEU against every shallower study's, the
    difference of the means and its permutation p where both have two seeds or more.
-3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line.
+3. The figure: test BLEU against layers per stack, a dot per seed and the mean joined by a line;
+   with --curves, every run of the deepest depth's validation loss.
 
-A study's depth is its settings' layers; each is compared with every shallower one. Studies of
-the same depth are one depth, their variants side by side (the 18+18 study of ADMIN and RealFormer,
-and the one of Pre-LN and DeepNorm beside it); with --curves, every run of the deepest depth's
-validation loss, one figure.
-A study not there yet, or seeds its settings ask for that are not in, are said in a line. The
-references are the JSON's paths, or the file of that name in --data.
+Studies of the same depth (their settings' layers) are one depth, their variants side by side. A
+study not there yet, or seeds not in yet, are said in a line. The references are the JSON's
+paths, or the file of that name in --data.
 """
 
 if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
@@ -36,12 +32,13 @@ import re
 import statistics
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 from common.presets import PRESETS
 from common.repo import MULTI30K, REPO, repo_relative
 from studies import scoring, tables
-from studies.figures import frame, save, variant_colours
+from studies.figures import VALID_LOSS, frame, name_axes, save, variant_colours
 from studies.study import DEFINING, StudyRecord
 
 RESULTS = REPO / "studies" / "results"
@@ -65,79 +62,59 @@ def parse_args(argv=None):
 
 
 def depth_studies(results=RESULTS, data=MULTI30K):
-    """The committed studies of the depth study, found from their records: studies/quality.py's
-    (``cpu-quality-*.json``) trained on the recipe's CPU schedule (preset cpu, its epochs) in
-    float32, with its runs scored on validation (where a rate is chosen), at any depth and warm-up
-    (a study of another warm-up names its variants by it). The bf16 study, the published recipe, the
-    shorter post-ln sweep and the first 4+4 study (no validation BLEU) are other questions. Those of
-    the recipe's warm-up first (the first of a depth names the rest), sweeps first, then by name."""
+    """The committed studies of the depth study (``cpu-quality-*.json`` of preset cpu and its epochs,
+    float32, every run scored on validation): the recipe's warm-up first (the first of a depth names
+    the rest), sweeps first, then by name."""
     recipe = PRESETS["cpu"]
     records = [StudyRecord.load(path, data) for path in sorted(Path(results).glob("cpu-quality-*.json"))]
     found = [
         r
         for r in records
-        if r.settings.get("preset") == "cpu"
-        and r.settings.get("epochs") == recipe.epochs
-        and not r.settings.get("bf16")
-        and all("val" in run for run in r.runs)
+        if (r.settings.preset, r.settings.epochs, r.settings.bf16) == ("cpu", recipe.epochs, None)
+        and all(run.val is not None for run in r.runs)
     ]
-    return sorted(found, key=lambda r: (r.settings.get("warmup") != recipe.warmup, not r.sweep))
+    return sorted(found, key=lambda r: (r.settings.warmup != recipe.warmup, not r.sweep))
 
 
 def one_study_each(parts):
-    """Studies of one depth with each variant from one of them: a variant trained the same way
-    (DEFINING) in several comes from the one that trained it at the most rates (a sweep over a
-    study of one rate; at equal, the newer). A study left with no variant is not a part."""
-
-    def rates(part, variant):
-        return len({r["lr"] for r in part.runs if r["variant"] == variant})
+    """Studies of one depth with each variant from one of them: of those that trained it the same
+    way (DEFINING), the one with the most rates, else the newer."""
 
     def key(part, variant):
-        return (variant, *(part.settings.get(k) for k in DEFINING))
+        return (variant, *(getattr(part.settings, k) for k in DEFINING))
+
+    def rank(part, variant):
+        return len({r.lr for r in part.runs if r.variant == variant}), part.date
 
     owner = {}
     for part in parts:
-        for variant in part.settings["variants"]:
+        for variant in part.settings.variants:
             held = owner.get(key(part, variant))
-            rank = (rates(part, variant), part.data.get("date", ""))
-            if held is None or rank > (rates(held, variant), held.data.get("date", "")):
+            if held is None or rank(part, variant) > rank(held, variant):
                 owner[key(part, variant)] = part
     kept = []
     for part in parts:
-        variants = [v for v in part.settings["variants"] if owner[key(part, v)] is part]
-        if variants == part.settings["variants"]:
-            kept.append(part)
-        elif variants:
-            settings = {**part.settings, "variants": variants}
-            runs = [r for r in part.runs if r["variant"] in variants]
-            kept.append(StudyRecord({**part.data, "settings": settings, "runs": runs}, path=part.path))
+        variants = [v for v in part.settings.variants if owner[key(part, v)] is part]
+        if variants:
+            runs = [r for r in part.runs if r.variant in variants]
+            kept.append(replace(part, settings=replace(part.settings, variants=variants), runs=runs))
     return kept
 
 
-def load(path, data):
-    """The StudyRecord of a study's JSON (references in *data* where not at the JSON's paths); None
-    when the file is not there."""
-    return StudyRecord.load(path, data) if Path(path).exists() else None
-
-
 def scores(study, variant, test_name):
-    """The test sacreBLEU of *variant*'s seeds that finished at its best rate, seed order."""
-    return [
-        r["test_sets"][test_name]["sacrebleu"]
-        for r in study.compared
-        if r["variant"] == variant and not r.get("diverged")
-    ]
+    """The test sacreBLEU of *variant*'s scored seeds at its best rate."""
+    return [r.test_sets[test_name]["sacrebleu"] for r in study.scored if r.variant == variant]
 
 
 def rate_chosen(study):
     """How the study chose each variant's peak lr."""
     settings = study.settings
     if not study.sweep:
-        return f"{settings['lr']:g}, the only rate trained"
+        return f"{settings.lr:g}, the only rate trained"
     rates = ", ".join(f"{v} {lr:g}" for v, lr in study.best.items()) or "none chosen yet"
-    seeds = ", ".join(map(str, settings["seeds"]))
-    tried = ", ".join(f"{lr:g}" for lr in sorted({*settings["lrs"], *(r["lr"] for r in study.runs)}))
-    beyond = " and the rate beyond an edge (--widen)" if settings.get("widen") else ""
+    seeds = ", ".join(map(str, settings.seeds))
+    tried = ", ".join(f"{lr:g}" for lr in sorted({*settings.lrs, *(r.lr for r in study.runs)}))
+    beyond = " and the rate beyond an edge (--widen)" if settings.widen else ""
     return f"the best of {tried}{beyond} on validation BLEU (seed {seeds}): {rates}"
 
 
@@ -145,35 +122,31 @@ def per_seed_lines(runs, test_name):
     """Each variant's best validation loss seed by seed, and its seeds more than BEHIND_BLEU below
     its best seed's test BLEU."""
     lines = []
-    for variant in dict.fromkeys(r["variant"] for r in runs):
-        mine = sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
-        losses = " / ".join(f"{r['best_valid_loss']:.3f}" for r in mine if r.get("best_valid_loss") is not None)
-        best = max(r["test_sets"][test_name]["sacrebleu"] for r in mine)
-        behind = [r for r in mine if r["test_sets"][test_name]["sacrebleu"] < best - BEHIND_BLEU]
-        named = ", ".join(f"seed {r['seed']} {r['test_sets'][test_name]['sacrebleu']:.2f}" for r in behind)
+    for variant in dict.fromkeys(r.variant for r in runs):
+        mine = sorted((r for r in runs if r.variant == variant), key=lambda r: r.seed)
+        losses = " / ".join(f"{r.best_valid_loss:.3f}" for r in mine if r.best_valid_loss is not None)
+        bleu = [r.test_sets[test_name]["sacrebleu"] for r in mine]
+        behind = [f"seed {r.seed} {b:.2f}" for r, b in zip(mine, bleu) if b < max(bleu) - BEHIND_BLEU]
         lines.append(
             f"- {variant}: best valid loss by seed {losses}; {len(behind)} of {len(mine)} seeds more than "
-            f"{BEHIND_BLEU:g} BLEU below its best ({best:.2f}){f': {named}' if behind else ''}"
+            f"{BEHIND_BLEU:g} BLEU below its best ({max(bleu):.2f}){': ' + ', '.join(behind) if behind else ''}"
         )
     return lines
 
 
 def depth_section(study):
-    """One depth (StudyRecord.merged: one study, or several of the same depth): tables.table of each
-    variant at its best rate, with scoring.PAIRS compared, and each variant's seeds."""
-    layers = study.layers
-    runs = [r for r in study.compared if not r.get("diverged")]
-    labels = list(dict.fromkeys(r["label"] for r in runs))
+    """One depth (StudyRecord.merged): the table of each variant at its best rate, and its seeds."""
+    layers, runs = study.layers, study.scored
     chosen = "; ".join(f"`{repo_relative(part.path)}`; peak lr {rate_chosen(part)}" for part in study.parts)
     title = f"### {layers}+{layers} layers, each variant at its best rate\n\n{chosen}."
-    references = sorted({s["reference"] for r in runs for s in r["test_sets"].values()})
+    references = sorted({s["reference"] for r in runs for s in r.test_sets.values()})
     absent = [ref for ref in references if not Path(ref).exists()]
     found = [] if absent else scoring.comparisons(runs)
     across = scoring.seed_comparisons(runs)
-    lines = [tables.table(runs, labels, found, title, across), ""]
+    lines = [tables.table(study, title, found, across), ""]
     if absent:
         lines.append(f"Paired bootstrap not run: no reference {', '.join(absent)} (--data).")
-    variants = {r["variant"] for r in runs}
+    variants = {r.variant for r in runs}
     one_seed = [
         f"{a} − {b}"
         for a, b in scoring.PAIRS
@@ -181,72 +154,62 @@ def depth_section(study):
     ]
     if one_seed:
         lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
-    if any(len([r for r in runs if r["variant"] == v]) > 1 for v in study.settings["variants"]):
-        lines += ["Seed by seed:", *per_seed_lines(runs, next(iter(runs[0]["test_sets"]))), ""]
+    if any(len([r for r in runs if r.variant == v]) > 1 for v in study.settings.variants):
+        lines += ["Seed by seed:", *per_seed_lines(runs, study.test_names[0]), ""]
     waiting = {v: rates for part in study.parts for v, rates in part.undecided().items()}
-    if waiting:
-        lines.append(
-            "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains): "
-            + "; ".join(f"{v} (in: {', '.join(f'{lr:g}' for lr in rates)})" for v, rates in waiting.items())
-            + "."
-        )
     missing = {v: seeds for part in study.parts for v, seeds in part.missing_seeds().items()}
-    if missing:
-        lines.append(
-            "Seeds not in yet: " + "; ".join(f"{v} {', '.join(map(str, s))}" for v, s in missing.items()) + "."
-        )
-    diverged = [r for r in study.compared if r.get("diverged")]
-    if diverged:
-        lines.append(
-            "Diverged: "
-            + "; ".join(f"{r['label']} seed {r['seed']} at update {r['diverged']['update']}" for r in diverged)
-            + "."
-        )
+    said = {  # what is not in yet, or went wrong
+        "Best rate not chosen yet (seed 1 not in at every rate, or the rate beyond an edge still trains)": [
+            f"{v} (in: {', '.join(f'{lr:g}' for lr in rates)})" for v, rates in waiting.items()
+        ],
+        "Seeds not in yet": [f"{v} {', '.join(map(str, s))}" for v, s in missing.items()],
+        "Diverged": [f"{r.label} seed {r.seed} at update {r.diverged['update']}" for r in study.compared if r.diverged],
+    }
+    lines += [f"{head}: {'; '.join(items)}." for head, items in said.items() if items]
     return "\n".join(lines).rstrip()
 
 
 def across_depths(studies, test_name):
     """Each variant of each deeper study against every shallower one: test BLEU means, their
-    difference, and the permutation test where both have two seeds or more."""
+    difference, and the permutation test."""
 
     def with_seeds(study, variant):
-        rate = next(r["lr"] for r in study.compared if r["variant"] == variant)
+        rate = next(r.lr for r in study.compared if r.variant == variant)
         n = len(scores(study, variant, test_name))
         return f"{tables.cell(scores(study, variant, test_name))} (lr {rate:g}, {n} seed{'s' * (n > 1)})"
 
     lines = [f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth"]
     for index, base in enumerate(studies[:-1]):
-        name = f"{base.layers}+{base.layers}"
-        lines += [
-            "",
-            f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
-            "where both depths have 2 seeds or more.",
-            "",
-            f"| variant | layers | test BLEU | {name} test BLEU | Δ mean BLEU | permutation p |",
-            "|---|---|---|---|---|---|",
-        ]
+        name, rows = f"{base.layers}+{base.layers}", []
         for study in studies[index + 1 :]:
-            for variant in base.settings["variants"]:
+            for variant in base.settings.variants:
                 deep, shallow = scores(study, variant, test_name), scores(base, variant, test_name)
                 if not deep or not shallow:
                     continue
                 delta, p_value, splits = scoring.permutation_test(deep, shallow)
                 p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
-                lines.append(
-                    f"| {variant} | {study.layers}+{study.layers} | {with_seeds(study, variant)} "
-                    f"| {with_seeds(base, variant)} | {delta:+.2f} | {p_cell} |"
+                layers = f"{study.layers}+{study.layers}"
+                rows.append(
+                    [variant, layers, with_seeds(study, variant), with_seeds(base, variant), f"{delta:+.2f}", p_cell]
                 )
+        lines += [
+            "",
+            f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
+            "where both depths have 2 seeds or more.",
+            "",
+            *tables.markdown(
+                ["variant", "layers", "test BLEU", f"{name} test BLEU", "Δ mean BLEU", "permutation p"], rows
+            ),
+        ]
     return "\n".join(lines)
 
 
 def figure_lines(studies, test_name):
-    """Per variant, in the studies' order: [(depth, its trained seeds' test sacreBLEU, whether every
-    seed trained), ...] and its legend label. A seed below FAILED_BLEU did not train: drawn, it
-    would squash every other dot against the top of the axis, so the label names it (with the mean
-    over all seeds), and a depth's mean is drawn and joined only where every seed trained. A variant
-    that trained at no depth is still named (DeepNorm, when it had run at 18+18 only)."""
+    """Per variant: (variant, [(depth, its trained seeds' test sacreBLEU, whether every seed trained)],
+    its legend label). A seed below FAILED_BLEU did not train: the label names it (drawn, it would
+    squash the other dots), and a depth's mean is drawn only where every seed trained."""
     lines = []
-    for variant in dict.fromkeys(v for study in studies for v in study.settings["variants"]):
+    for variant in dict.fromkeys(v for study in studies for v in study.settings.variants):
         trained, failed, partly = [], [], []
         for study in studies:
             found = scores(study, variant, test_name)
@@ -270,22 +233,26 @@ def figure_lines(studies, test_name):
 
 
 def one_rate(studies):
-    """ "VARIANT at N+N (LR)" for each variant a study ran at one peak lr only: its dot is not a
-    best rate (DeepNorm at 4+4, issue 69); not a sweep's variant with one of its rates in so far."""
+    """ "VARIANT at N+N (LR)" for each variant a study ran at one peak lr only (its dot is not a best
+    rate; issue 69), not a sweep's variant whose rate is undecided."""
     found = []
     for merged in studies:
-        for study in merged.parts:  # a depth's studies, each with its own runs
-            for variant in (v for v in study.settings["variants"] if v not in study.undecided()):
-                rates = {r["lr"] for r in study.runs if r["variant"] == variant}
+        for study in merged.parts or [merged]:  # a depth's studies, each with its own runs
+            for variant in (v for v in study.settings.variants if v not in study.undecided()):
+                rates = {r.lr for r in study.runs if r.variant == variant}
                 if len(rates) == 1:
                     found.append(f"{variant} at {study.layers}+{study.layers} ({rates.pop():g})")
     return found
 
 
-def depth_figure(studies, test_name, path, what):
+def depth_figure(studies, path):
     """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
-    line, at the depths where it trained; the legend names the seeds that did not (figure_lines)."""
-    variants = list(dict.fromkeys(v for study in studies for v in study.settings["variants"]))
+    line (figure_lines)."""
+    test_name = studies[0].test_names[0]
+    # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
+    what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", studies[0].what)
+    what = machines(what + ("" if studies[0].settings.bf16 else "; float32"), studies)  # quality.py names bf16 only
+    variants = list(dict.fromkeys(v for study in studies for v in study.settings.variants))
     colours = variant_colours(variants)
     single = one_rate(studies)
     fig, ax = frame((8, 6.5))
@@ -301,22 +268,16 @@ def depth_figure(studies, test_name, path, what):
         ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=textwrap.fill(label, 60))
     ticks = [study.layers for study in studies]
     ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
-    ax.set_xlabel("layers in each of the encoder and the decoder")
-    ax.set_ylabel(f"test sacreBLEU ({test_name})")
-    ax.set_title(
-        "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
-        + (textwrap.fill(f"one peak lr only: {', '.join(single)}", 85) + "\n" if single else "")
-        + textwrap.fill(what, 85),
-        fontsize=10,
-    )
-    ax.grid(alpha=0.3)
+    title = "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"
+    title += textwrap.fill(f"one peak lr only: {', '.join(single)}", 85) + "\n" if single else ""
+    title += textwrap.fill(what, 85)
+    name_axes(ax, "layers in each of the encoder and the decoder", f"test sacreBLEU ({test_name})", title)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2)  # below: off the seeds' dots
     return save(fig, path)
 
 
 def machines(what, studies):
-    """*what* (the shallowest study's description, which ends in its machine) naming every study's
-    machine, by depth, where the studies ran on more than one."""
+    """*what*, which ends in its machine, naming each depth's where the studies ran on several."""
     named = list(dict.fromkeys(study.machine for study in studies if study.machine))
     if len(named) < 2:
         return what
@@ -324,26 +285,19 @@ def machines(what, studies):
     return what + "; " + "; ".join(f"{s.layers}+{s.layers}: {s.machine}" for s in studies if s.machine)
 
 
-def curves_figure(study, path, what):
-    """Every run's validation loss against updates at one depth, coloured by variant: which runs
-    learned, and how alike a variant's seeds are."""
-    variants = list(dict.fromkeys(r["variant"] for r in study.compared))
+def curves_figure(study, path):
+    """Every run's validation loss against updates at one depth, coloured by variant."""
+    variants = list(dict.fromkeys(r.variant for r in study.compared))
     colours = variant_colours(variants)  # the depth figure's: the two are read side by side
     fig, ax = frame((8, 5.5))
     for variant in variants:
-        for i, run in enumerate(r for r in study.compared if r["variant"] == variant and r.get("valid_curve")):
-            updates, losses = zip(*run["valid_curve"])
-            label = f"{variant} (lr {run['lr']:g})" if i == 0 else None
+        for i, run in enumerate(r for r in study.compared if r.variant == variant and r.valid_curve):
+            updates, losses = zip(*run.valid_curve)
+            label = f"{variant} (lr {run.lr:g})" if i == 0 else None
             ax.plot(updates, losses, "-", color=colours[variant], alpha=0.75, linewidth=1.2, label=label)
     layers = study.layers
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
-    ax.set_title(
-        f"Validation loss of every {layers}+{layers} run, one line a seed, at each variant's best rate\n"
-        + textwrap.fill(what, 85),
-        fontsize=10,
-    )
-    ax.grid(alpha=0.3)
+    title = f"Validation loss of every {layers}+{layers} run, one line a seed, at each variant's best rate"
+    name_axes(ax, "updates", VALID_LOSS, f"{title}\n{textwrap.fill(study.what, 85)}")
     ax.legend(fontsize=8)
     return save(fig, path)
 
@@ -351,7 +305,7 @@ def curves_figure(study, path, what):
 def main(argv=None):
     args = parse_args(argv)
     if args.studies:
-        loaded = [(load(path, args.data), path) for path in args.studies]
+        loaded = [(StudyRecord.load(path, args.data) if Path(path).exists() else None, path) for path in args.studies]
     else:
         loaded = [(record, record.path) for record in depth_studies(data=args.data)]
     found = sorted((s for s, _ in loaded if s is not None), key=lambda s: s.layers)
@@ -361,21 +315,12 @@ def main(argv=None):
         raise SystemExit("depth_report.py: error: none of the studies is there")
     depths = dict.fromkeys(s.layers for s in found)
     studies = [StudyRecord.merged(one_study_each([s for s in found if s.layers == layers])) for layers in depths]
-    test_name = next(iter(studies[0].compared[0]["test_sets"]))
     blocks += [depth_section(study) for study in studies]
     if len(studies) > 1:
-        blocks.append(across_depths(studies, test_name))
-    base = studies[0]
-    # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
-    what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", base.what)
-    what += "" if base.settings.get("bf16") else "; float32"  # quality.py names bf16 only
-    what = machines(what, studies)
-    figure = depth_figure(studies, test_name, args.figure, what)
-    blocks.append(f"Figure: `{repo_relative(figure)}`.")
+        blocks.append(across_depths(studies, studies[0].test_names[0]))
+    blocks.append(f"Figure: `{repo_relative(depth_figure(studies, args.figure))}`.")
     if args.curves:
-        deepest = studies[-1]
-        curves = curves_figure(deepest, args.curves, re.sub(r"^Multi30k ([^,]+), ", r"Multi30k \1, ", deepest.what))
-        blocks.append(f"Validation curves: `{repo_relative(curves)}`.")
+        blocks.append(f"Validation curves: `{repo_relative(curves_figure(studies[-1], args.curves))}`.")
     print("\n\n".join(blocks))
 
 

@@ -15,8 +15,8 @@ _NAN_CRASH = "FloatingPointError: gradients are Nan/Inf"  # fairseq's trainer, o
 
 
 def divergence(lines, crash_checkpoint=None):
-    """Where the training whose log is *lines* diverged: the update and why; None while it has
-    not. *crash_checkpoint*: the run's checkpoints/crash.pt, to name the update a NaN stopped."""
+    """Where the training whose log is *lines* diverged: the update and why; None while it has not.
+    *crash_checkpoint*: the run's checkpoints/crash.pt, which names the update a NaN stopped."""
     first, fell, last_update = None, False, 0  # fell: the loss has been below the first epoch's since
     for line in lines:
         kind, fields = fairseq_log.parse(line) or (None, None)
@@ -48,8 +48,7 @@ def divergence(lines, crash_checkpoint=None):
 
 
 def crashed_at(crash_checkpoint, last_logged_update):
-    """The update whose gradients were not finite: one after those crash.pt (fairseq's trainer
-    saves it then) finished; without it, one after the last update the log names."""
+    """The update whose gradients were not finite: one after crash.pt's, else the log's last."""
     if crash_checkpoint is None:
         return last_logged_update + 1
     try:

@@ -25,8 +25,8 @@ COLOUR_ORDER = (
 
 
 def variant_colours(variants):
-    """Each variant's colour, the same whatever else a figure draws (tab10 in COLOUR_ORDER, then
-    any other variant in the order given), so that figures set side by side agree."""
+    """Each variant's colour, the same whatever else a figure draws (tab10 in COLOUR_ORDER, then the
+    rest): figures set side by side agree."""
     from matplotlib import colormaps
 
     palette = colormaps["tab10"].colors
@@ -44,6 +44,17 @@ def frame(figsize, columns=1, **subplots):
     return plt.subplots(1, columns, figsize=figsize, **subplots)
 
 
+VALID_LOSS = "validation loss (label-smoothed cross-entropy, base 2)"  # the y axis of every validation curve
+
+
+def name_axes(ax, xlabel, ylabel, title):
+    """Name *ax*'s axes and title it, with a light grid: every study figure's look."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+
+
 def save(fig, path):
     """*fig*, laid out, into the PNG *path* (its folder made); its path."""
     import matplotlib.pyplot as plt
@@ -55,50 +66,45 @@ def save(fig, path):
     return Path(path)
 
 
-def figures(runs, labels, folder, stem, what):
-    """Two PNGs: validation loss against updates (seeds as a band), and test sacreBLEU per variant."""
-    what = textwrap.fill(what, 85)  # the title's second line: what was measured on which data and machine
-    present = [label for label in labels if any(r["label"] == label for r in runs)]
-    variant_of = {r["label"]: r["variant"] for r in runs}  # a sweep's label: its variant at its best rate
-    by_variant = variant_colours(list(dict.fromkeys(variant_of[label] for label in present)))
+def figures(record, folder, stem):
+    """Validation loss against updates (seeds as a band) and test sacreBLEU per variant, of the runs
+    compared."""
+    what = textwrap.fill(record.what, 85)  # the title's second line: what was measured on which data and machine
+    runs = record.scored
+    present = list(dict.fromkeys(r.label for r in runs))
+    variant_of = {r.label: r.variant for r in runs}  # a sweep's label: its variant at its best rate
+    by_variant = variant_colours(list(dict.fromkeys(variant_of.values())))
     colours = {label: by_variant[variant_of[label]] for label in present}
     fig, ax = frame((8, 5))
     tail = []
-    for variant in present:
-        curves = [r["valid_curve"] for r in runs if r["label"] == variant and r["valid_curve"]]
+    for label in present:
+        curves = [r.valid_curve for r in runs if r.label == label and r.valid_curve]
         length = min(len(c) for c in curves)
         updates = [statistics.mean(c[i][0] for c in curves) for i in range(length)]
         losses = [[c[i][1] for c in curves] for i in range(length)]
-        ax.plot(
-            updates,
-            [statistics.mean(v) for v in losses],
-            color=colours[variant],
-            label=f"{variant} ({len(curves)} seed{'s' if len(curves) > 1 else ''})",
-        )
+        seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}"
+        ax.plot(updates, [statistics.mean(v) for v in losses], color=colours[label], label=f"{label} ({seeds})")
         if len(curves) > 1:
             ax.fill_between(
-                updates, [min(v) for v in losses], [max(v) for v in losses], color=colours[variant], alpha=0.25
+                updates, [min(v) for v in losses], [max(v) for v in losses], color=colours[label], alpha=0.25
             )
         tail += [loss for v in losses[length // 4 :] for loss in v]
     if tail:  # the first epochs' losses are far above the rest: show where the variants differ
         ax.set_ylim(min(tail) - 0.05, max(tail) + 0.05)
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed cross-entropy, base 2)")
-    ax.set_title(f"Validation loss during training, mean over seeds (band: min–max)\n{what}", fontsize=10)
-    ax.grid(alpha=0.3)
+    name_axes(ax, "updates", VALID_LOSS, f"Validation loss during training, mean over seeds (band: min–max)\n{what}")
     ax.legend()
     paths = [save(fig, folder / f"{stem}.valid-loss.png")]
 
-    names = list(runs[0]["test_sets"]) if runs else []
+    names = list(runs[0].test_sets)
     fig, axes = frame((max(8, 1.5 * len(present)) * len(names), 4.8), len(names), squeeze=False)
     for ax, name in zip(axes[0], names):
-        for i, variant in enumerate(present):
-            scores = [primary(r["test_sets"][name]) for r in runs if r["label"] == variant]
-            ax.scatter([i] * len(scores), scores, color=colours[variant], zorder=3, label="seeds" if i == 0 else None)
+        for i, label in enumerate(present):
+            scores = [primary(r.test_sets[name]) for r in runs if r.label == label]
+            ax.scatter([i] * len(scores), scores, color=colours[label], zorder=3, label="seeds" if i == 0 else None)
             ax.hlines(statistics.mean(scores), i - 0.3, i + 0.3, color="black", label="mean" if i == 0 else None)
         # a sweep's labels carry their rate ("post-ln-realformer lr=0.004"): on two lines they do not collide
         ax.set_xticks(range(len(present)), [label.replace(" lr=", "\nlr=") for label in present])
-        metric = "BLEU (tokenised, lowercased)" if "bleu_tok" in runs[0]["test_sets"][name] else "sacreBLEU"
+        metric = "BLEU (tokenised, lowercased)" if "bleu_tok" in runs[0].test_sets[name] else "sacreBLEU"
         ax.set_ylabel(metric)
         ax.set_title(f"Test {metric} on {name}, each seed and the mean\n{what}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
@@ -106,64 +112,58 @@ def figures(runs, labels, folder, stem, what):
     return [*paths, save(fig, folder / f"{stem}.bleu.png")]
 
 
-def sweep_lines(studies, variants, test_name):
-    """The sweep figure's lines: for each study (its runs, line style, name) and each variant, the
-    first seed's test sacreBLEU at every rate it finished, and the rates where it diverged."""
+def depth(record):
+    return f"{record.layers}+{record.layers} layers"
+
+
+def sweep_lines(records, test_name):
+    """Per sweep of *records* (the first solid, the others dashed) and the first's variants: the
+    first seed's test sacreBLEU at every rate it finished, and where it diverged."""
     lines = []
-    for study_runs, style, name in studies:
-        seed = min((r["seed"] for r in study_runs), default=1)
-        for variant in variants:
-            mine = sorted(
-                (r for r in study_runs if r["variant"] == variant and r["seed"] == seed), key=lambda r: r["lr"]
-            )
-            scored = [r for r in mine if not r.get("diverged") and test_name in r["test_sets"]]
+    for index, record in enumerate(records):
+        seed = min((r.seed for r in record.runs), default=1)
+        for variant in records[0].settings.variants:
+            mine = sorted((r for r in record.runs if r.variant == variant and r.seed == seed), key=lambda r: r.lr)
+            scored = [r for r in mine if not r.diverged and test_name in r.test_sets]
             lines.append(
                 {
                     "variant": variant,
-                    "label": f"{variant} ({name})" if name else variant,
-                    "style": style,
-                    "lr": [r["lr"] for r in scored],
-                    "bleu": [r["test_sets"][test_name]["sacrebleu"] for r in scored],
-                    "diverged": [(r["lr"], r["diverged"]["update"]) for r in mine if r.get("diverged")],
+                    "label": f"{variant} ({depth(record)})" if len(records) > 1 else variant,
+                    "style": "--" if index else "-",
+                    "lr": [r.lr for r in scored],
+                    "bleu": [r.test_sets[test_name]["sacrebleu"] for r in scored],
+                    "diverged": [(r.lr, r.diverged["update"]) for r in mine if r.diverged],
                 }
             )
     return lines
 
 
-def sweep_figure(runs, variants, lrs, folder, stem, what, beside=None, name=""):
-    """Test sacreBLEU against the peak learning rate, one line per variant (the first seed), diverged
-    runs marked on the axis; with *beside* (another sweep's runs and its name), its lines dashed and
-    this sweep's named *name*."""
-    test_name = next((list(r["test_sets"])[0] for r in runs if r["test_sets"]), None)
+def sweep_figure(record, folder, stem, beside=None):
+    """Test sacreBLEU against the peak learning rate, a line per variant (the first seed), diverged
+    runs marked on the axis; with *beside* (another sweep's record), its lines dashed."""
+    test_name = record.test_names[0] if record.test_names else None
+    variants = record.settings.variants
     colours = variant_colours(variants)
     fig, ax = frame((8, 5.2))
     marked = False
-    studies = [(runs, "-", name if beside else "")] + ([(beside[0], "--", beside[1])] if beside else [])
-    for line in sweep_lines(studies, variants, test_name):
+    records = [record] + ([beside] if beside else [])
+    for line in sweep_lines(records, test_name):
         colour = colours[line["variant"]]
         if line["lr"]:
             ax.plot(line["lr"], line["bleu"], line["style"], marker="o", color=colour, label=line["label"])
         for lr, update in line["diverged"]:
-            ax.scatter(
-                [lr], [0], marker="x", s=80, color=colour, zorder=3, label=None if marked else "diverged (stopped)"
-            )
-            ax.annotate(
-                f"{line['label']}: update {update}",
-                (lr, 0),
-                textcoords="offset points",
-                xytext=(4, 6 + 10 * variants.index(line["variant"])),
-                fontsize=7,
-                color=colour,
-            )
+            mark = None if marked else "diverged (stopped)"
+            ax.scatter([lr], [0], marker="x", s=80, color=colour, zorder=3, label=mark)
+            above = (4, 6 + 10 * variants.index(line["variant"]))
+            label = f"{line['label']}: update {update}"
+            ax.annotate(label, (lr, 0), textcoords="offset points", xytext=above, fontsize=7, color=colour)
             marked = True
     ax.set_xscale("log")
-    ticks = sorted({*lrs, *(r["lr"] for r in runs), *(r["lr"] for r in (beside[0] if beside else ()))})
+    ticks = sorted({*record.settings.lrs, *(r.lr for study in records for r in study.runs)})
     ax.set_xticks(ticks, [f"{lr:g}" for lr in ticks])
     ax.minorticks_off()
     ax.set_ylim(-1, ax.get_ylim()[1] + 2)  # room above the best point, and the diverged marks at 0
-    ax.set_xlabel("peak learning rate (log scale)")
-    ax.set_ylabel(f"test sacreBLEU ({test_name})")
-    ax.set_title(f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(what, 85)}", fontsize=10)
-    ax.grid(alpha=0.3)
+    title = f"Test BLEU against peak learning rate, seed 1 (x: diverged)\n{textwrap.fill(record.what, 85)}"
+    name_axes(ax, "peak learning rate (log scale)", f"test sacreBLEU ({test_name})", title)
     ax.legend(fontsize=8)
     return save(fig, folder / f"{stem}.bleu-vs-lr.png")

@@ -10,8 +10,7 @@ More:
     python studies/quality.py --quick --seeds 1,2      # minutes on a CPU: proves the pipeline runs
     python studies/quality.py --preset cpu --lr 2e-3,4e-3,8e-3 --seeds 1 --best-seeds 2,3 ...
         # a sweep: every variant at every rate, then seeds 2 and 3 of each at its best rate on
-        # validation BLEU (never a test set); --widen: a best at an edge of --lr also trains the
-        # rate beyond it (half the lowest, twice the highest) and chooses among the three
+        # validation BLEU (never a test set)
     python studies/quality.py --preset published --variants fairseq,post-ln-realformer ...
         # the literature's recipe (Wu et al. 2021, 41.02 BLEU), scored as it scores
     python studies/quality.py --preset cpu --report-only --json FILE    # train nothing: report
@@ -30,12 +29,10 @@ Presets (every variant alike; --lr, --warmup, --epochs, --layers override them):
 Stop it any time (Ctrl-C); the same command goes on: finished runs are skipped, a stopped one
 resumes from its last epoch checkpoint, and the runs a --json file of the same settings holds
 count as finished (a committed study goes on in a fresh checkout). Seed 1 of every variant runs
-first. --jobs N: N runs side by side, one thread each (on 2 cores, two make more tokens/s than
-one of two threads). A run that diverges (studies/divergence.py) is stopped at once, recorded
-with its update and never chosen as a best. --dropout-gap: each run's checkpoints are scored,
-once it has finished, with dropout off and on (studies/dropout_gap.py; --report-only scores
-none): a deep Post-LN can learn with dropout on and break with it off. Folders: OUT/data (binarised once), OUT/VARIANT/seedS, with the flags
-given in its name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
+first. A run that diverges (studies/divergence.py) is stopped at once, recorded with its update
+and never chosen as a best. --dropout-gap: a deep Post-LN can learn with dropout on and break
+with it off. Folders: OUT/data (binarised once), OUT/VARIANT/seedS, with the flags given in its
+name (OUT/VARIANT-lr0.002-layers18-bf16/seedS).
 
 Environment: REALFORMER_RUNS=DIR keeps the work folders there (runs/NAME is DIR/NAME: set it to a
 folder outside the checkout for a study that outlasts a session, and the same command in a fresh
@@ -68,104 +65,88 @@ from studies.study import Study, StudyRecord
 DEFAULT_VARIANTS = "post-ln,pre-ln,admin,realformer-sum,realformer"
 # what the command asks of a study besides its settings: train nothing, and where to draw
 Outputs = namedtuple("Outputs", "report_only figures beside status")
+FLAGS = {  # each flag's argparse options, in --help's order
+    "--out": dict(
+        help="work folder (default: runs/quality-SRC-TGT-PRESET; runs/ is REALFORMER_RUNS when set: a folder "
+        "that a fresh checkout keeps)"
+    ),
+    "--preset": dict(
+        choices=("gpu", "cpu", "published"), default="gpu", help="model size and schedule (default: %(default)s)"
+    ),
+    "--quick": dict(action="store_true", help="the recipe's --tiny mode, 2+2 layers: minutes on a CPU"),
+    "--seeds": dict(default="1", metavar="1,2,3", help="comma list of seeds (default: %(default)s)"),
+    "--jobs": dict(
+        type=int,
+        default=1,
+        metavar="N",
+        help="trainings side by side, one thread each; studies side by side into one --out train N between "
+        "them (default: 1)",
+    ),
+    "--epochs": dict(type=int, help="training epochs (default: the preset's)"),
+    "--lr": dict(
+        metavar="LR[,LR...]", help="peak learning rate (default: the preset's); several: a sweep, each its own runs"
+    ),
+    "--best-seeds": dict(
+        metavar="2,3",
+        dest="best_seeds_given",
+        help="with several --lr: then train these seeds too, for each variant at the rate whose --seeds runs "
+        "scored the best validation BLEU",
+    ),
+    "--widen": dict(
+        action="store_true",
+        help="with several --lr: where a variant's best rate is the lowest or the highest of them, also train "
+        "its --seeds at half the lowest or twice the highest, and choose among the three (no variant loses "
+        "for want of its rate)",
+    ),
+    "--best-variants": dict(
+        metavar="A,B,...",
+        help="with --best-seeds: only these of --variants get the further seeds (default: all; e.g. not the "
+        "ones that do not train at this depth)",
+    ),
+    "--warmup": dict(type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)"),
+    "--layers": dict(type=int, metavar="N", help="encoder and decoder layers (default: the preset's)"),
+    "--bf16": dict(
+        action="store_true",
+        help="train and translate in bfloat16 mixed precision (the recipe's --bf16; folders VARIANT-bf16)",
+    ),
+    "--source-lang": dict(default="en", help="en, de, fr or cs (default: %(default)s)"),
+    "--target-lang": dict(default="de", help="en, de, fr or cs (default: %(default)s)"),
+    "--test-sets": dict(
+        metavar="A,B,...", help="test sets of --data to score (default: every test_* set in both languages)"
+    ),
+    "--report-only": dict(action="store_true", help="train nothing: report the runs already finished"),
+    "--status": dict(
+        action="store_true",
+        help="train and write nothing: every run of the study's plan with its state (finished, training, "
+        "waiting, diverged), a training's epoch, speed and end, and the run trained next (studies/status.py)",
+    ),
+    "--dropout-gap": dict(
+        action="store_true",
+        help="score every finished run's kept checkpoints with dropout off and on (studies/dropout_gap.py)",
+    ),
+    "--figures": dict(metavar="DIR", help="draw the learning curves and the BLEU per seed into DIR"),
+    "--beside": dict(
+        metavar="JSON",
+        help="a sweep's figure also draws this other sweep's lines, dashed (e.g. 4+4 beside 12+12 layers)",
+    ),
+    "--machine": dict(default=host(), help="the machine, for the figures' titles and the JSON (default: %(default)s)"),
+}
 
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--out",
-        help="work folder (default: runs/quality-SRC-TGT-PRESET; runs/ is REALFORMER_RUNS when set: a folder "
-        "that a fresh checkout keeps)",
-    )
-    p.add_argument(
-        "--preset",
-        choices=("gpu", "cpu", "published"),
-        default="gpu",
-        help="model size and schedule (default: %(default)s)",
-    )
-    p.add_argument("--quick", action="store_true", help="the recipe's --tiny mode, 2+2 layers: minutes on a CPU")
-    p.add_argument("--seeds", default="1", metavar="1,2,3", help="comma list of seeds (default: %(default)s)")
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=1,
-        metavar="N",
-        help="trainings side by side, one thread each; studies side by side into one --out train N between them (default: 1)",
-    )
-    p.add_argument("--epochs", type=int, help="training epochs (default: the preset's)")
-    p.add_argument(
-        "--lr",
-        metavar="LR[,LR...]",
-        help="peak learning rate (default: the preset's); several: a sweep, each its own runs",
-    )
-    p.add_argument(
-        "--best-seeds",
-        metavar="2,3",
-        dest="best_seeds_given",
-        help="with several --lr: then train these seeds too, for each variant at the rate whose "
-        "--seeds runs scored the best validation BLEU",
-    )
-    p.add_argument(
-        "--widen",
-        action="store_true",
-        help="with several --lr: where a variant's best rate is the lowest or the highest of them, also "
-        "train its --seeds at half the lowest or twice the highest, and choose among the three (no "
-        "variant loses for want of its rate)",
-    )
-    p.add_argument(
-        "--best-variants",
-        metavar="A,B,...",
-        help="with --best-seeds: only these of --variants get the further seeds (default: all; e.g. not "
-        "the ones that do not train at this depth)",
-    )
-    p.add_argument(
-        "--warmup", type=int, metavar="UPDATES", help="learning-rate warm-up updates (default: the preset's)"
-    )
-    p.add_argument("--layers", type=int, metavar="N", help="encoder and decoder layers (default: the preset's)")
-    p.add_argument(
-        "--bf16",
-        action="store_true",
-        help="train and translate in bfloat16 mixed precision (the recipe's --bf16; folders VARIANT-bf16)",
-    )
-    p.add_argument("--source-lang", default="en", help="en, de, fr or cs (default: %(default)s)")
-    p.add_argument("--target-lang", default="de", help="en, de, fr or cs (default: %(default)s)")
-    p.add_argument(
-        "--test-sets",
-        metavar="A,B,...",
-        help="test sets of --data to score (default: every test_* set in both languages)",
-    )
-    p.add_argument("--report-only", action="store_true", help="train nothing: report the runs already finished")
-    p.add_argument(
-        "--status",
-        action="store_true",
-        help="train and write nothing: every run of the study's plan with its state (finished, training, waiting, "
-        "diverged), a training's epoch, speed and end, and the run trained next (studies/status.py)",
-    )
-    p.add_argument(
-        "--dropout-gap",
-        action="store_true",
-        help="score every finished run's kept checkpoints with dropout off and on (studies/dropout_gap.py)",
-    )
-    p.add_argument("--figures", metavar="DIR", help="draw the learning curves and the BLEU per seed into DIR")
-    p.add_argument(
-        "--beside",
-        metavar="JSON",
-        help="a sweep's figure also draws this other sweep's lines, dashed (e.g. 4+4 beside 12+12 layers)",
-    )
-    p.add_argument(
-        "--machine",
-        default=host(),
-        help="the machine, for the figures' titles and the JSON (default: %(default)s)",
-    )
+    for flag, options in FLAGS.items():
+        p.add_argument(flag, **options)
     multi30k_args.add(p, DEFAULT_VARIANTS, also=STOCK)
     return p
 
 
-def comma_ints(p, flag, given, example):
+def comma_list(p, flag, given, expected, kind=int):
+    """The comma list *given* for --*flag*, of *kind*; a one-line error naming the flag if it is not one."""
     try:
-        return sorted({int(s) for s in given.split(",") if s.strip()})
+        return [kind(s) for s in given.split(",") if s.strip()]
     except ValueError:
-        p.error(f"--{flag} {given}: expected a comma list of integers, e.g. {example}")
+        p.error(f"--{flag} {given}: expected {expected}")
 
 
 def parse_args(argv=None):
@@ -176,32 +157,31 @@ def parse_args(argv=None):
     multi30k_args.check(p, args, also=STOCK)
     if args.status and args.report_only:
         p.error("--status: not with --report-only (--status shows the runs' states and reports nothing)")
-    seeds = comma_ints(p, "seeds", args.seeds, "1,2,3")
+    seeds = sorted(set(comma_list(p, "seeds", args.seeds, "a comma list of integers, e.g. 1,2,3")))
     if not seeds:
         p.error("--seeds: give at least one seed")
-    for flag in ("jobs", "epochs", "warmup", "layers"):
-        value = getattr(args, flag)
-        if value is not None and value < (0 if flag == "warmup" else 1):
-            p.error(f"--{flag} {value}: must be at least {0 if flag == 'warmup' else 1}")
+    for flag, least in (("jobs", 1), ("epochs", 1), ("warmup", 0), ("layers", 1)):
+        if (value := getattr(args, flag)) is not None and value < least:
+            p.error(f"--{flag} {value}: must be at least {least}")
     if args.quick and args.preset == "published":  # run.sh: --tiny and --published exclude each other
         p.error("--quick: the published recipe has no tiny form; drop --quick, or use --preset cpu")
     preset_name = "quick" if args.quick else args.preset
-    lrs = [PRESETS[preset_name].lr]
-    if args.lr is not None:
-        try:
-            lrs = [float(lr) for lr in args.lr.split(",")]
-        except ValueError:
-            p.error(f"--lr {args.lr}: expected a number or a comma list of numbers, e.g. 1e-3,2e-3")
-        if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
-            p.error(f"--lr {args.lr}: learning rates must be positive and different")
-    sweep = len(lrs) > 1
+    lrs = (
+        [PRESETS[preset_name].lr]
+        if args.lr is None
+        else comma_list(p, "lr", args.lr, "a number or a comma list of numbers, e.g. 1e-3,2e-3", float)
+    )
+    if args.lr is not None and (any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs)):
+        p.error(f"--lr {args.lr}: learning rates must be positive and different")
+    sweep, best_seeds, best_variants = len(lrs) > 1, [], None
     if args.widen and not sweep:
         p.error("--widen: needs several --lr to widen")
-    best_seeds, best_variants = [], None
     if args.best_variants is not None and args.best_seeds_given is None:
         p.error("--best-variants: only with --best-seeds")
     if args.best_seeds_given is not None:
-        best_seeds = comma_ints(p, "best-seeds", args.best_seeds_given, "2,3")
+        best_seeds = sorted(
+            set(comma_list(p, "best-seeds", args.best_seeds_given, "a comma list of integers, e.g. 2,3"))
+        )
         if not sweep:
             p.error("--best-seeds: needs several --lr to choose from")
         if args.best_variants is not None:
@@ -210,11 +190,11 @@ def parse_args(argv=None):
             if unknown or not best_variants:
                 p.error(f"--best-variants {','.join(unknown)}: give some of --variants ({','.join(args.variants)})")
         if set(best_seeds) & set(seeds):
-            p.error(
-                f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {','.join(map(str, seeds))}"
-            )
+            already = ",".join(map(str, seeds))
+            p.error(f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {already}")
     pair = f"{args.source_lang}-{args.target_lang}"
     as_given = ("variants", "data", "widen", "bf16", "source_lang", "target_lang", "test_sets", "jobs", "json")
+    as_given += ("machine", "dropout_gap")
     study = Study(
         preset_name=preset_name,
         seeds=seeds,
@@ -224,8 +204,6 @@ def parse_args(argv=None):
         lr_given=args.lr is not None,
         best_seeds=best_seeds,
         best_variants=best_variants,
-        machine=args.machine,
-        dropout_gap=args.dropout_gap,
         **{name: getattr(args, name) for name in as_given},
     )
     return study, Outputs(args.report_only, args.figures, args.beside, args.status)
@@ -268,41 +246,34 @@ def report_so_far(study, outputs, given, record):
 
 def report(study, outputs, given, record, show=True):
     """The tables (*show*), the figures and --json of the study's *record* (Study.record)."""
-    runs, best, compared = record.runs, record.best, record.compared  # in a sweep: each variant at its best rate
-    if not runs:
+    if not record.runs:
         raise SystemExit(f"quality.py: error: no finished run in {study.out} yet")
-    labels = [label for label in study.labels if any(r["label"] == label for r in compared)]
-    found, across_seeds = scoring.comparisons(compared), scoring.seed_comparisons(compared)
+    found, across_seeds = scoring.comparisons(record.scored), scoring.seed_comparisons(record.scored)
     if study.sweep and show:
-        print(tables.sweep_table(runs, study.variants, study.lrs, study.describe(), best), flush=True)
-    if compared and show:
-        best_title = "Each variant at its best peak learning rate (chosen on validation BLEU)"
-        title = best_title if study.sweep else study.describe()
-        print(tables.table(compared, labels, found, title, across_seeds), flush=True)
+        print(tables.sweep_table(record), flush=True)
+    if record.compared and show:  # in a sweep: each variant at its best rate
+        title = (
+            "Each variant at its best peak learning rate (chosen on validation BLEU)" if study.sweep else record.what
+        )
+        print(tables.table(record, title, found, across_seeds), flush=True)
     if outputs.figures:
-        paths = draw(study, outputs, runs, compared, labels)
+        paths = draw(study, outputs, record)
         if show:
             print("\n".join(f"[quality] figure: {path}" for path in paths))
     if study.json:
         study.save(given, record, found, across_seeds, show)
 
 
-def draw(study, outputs, runs, compared, labels):
+def draw(study, outputs, record):
     """The sweep's figure (test BLEU against rate, --beside another depth's) and the figures of each
     variant at its best rate; their paths."""
     stem = Path(study.json).stem if study.json else f"quality-{study.pair}-{study.preset_name}"
     folder, paths = Path(outputs.figures), []
     if study.sweep:
-        beside = None
-        if outputs.beside:
-            other = StudyRecord.load(outputs.beside, study.data)
-            beside = (other.runs, "{0}+{0} layers".format(other.layers))
-        depth = f"{study.layers}+{study.layers} layers"
-        paths.append(
-            figures.sweep_figure(runs, study.variants, study.lrs, folder, stem, study.describe(), beside, depth)
-        )
-    if compared:
-        paths += figures.figures(compared, labels, folder, stem + ("-best" if study.sweep else ""), study.describe())
+        beside = StudyRecord.load(outputs.beside, study.data) if outputs.beside else None
+        paths.append(figures.sweep_figure(record, folder, stem, beside))
+    if record.scored:
+        paths += figures.figures(record, folder, stem + ("-best" if study.sweep else ""))
     return paths
 
 

@@ -29,8 +29,7 @@ def run_flags(study):
 
 
 def prepare_data(study):
-    """Binarise the data once for every run (run.sh --prepare-only; skipped when done). Two studies
-    started into one --out take turns: the second finds the data prepared."""
+    """Binarise the data once for every run (run.sh --prepare-only; skipped when done), one study at a time."""
     data_dir = study.out / "data"
     cmd = ["bash", str(RECIPE), *data_flags(study), "--prepare-only", *language_flags(study), study.data, str(data_dir)]
     print(f"[quality] data: {' '.join(cmd)}", flush=True)
@@ -42,8 +41,7 @@ def prepare_data(study):
 
 
 def counted_updates_per_epoch(data_dir):
-    """The updates per epoch that updates_per_epoch() counted on *data_dir*; None if it has not
-    (nothing is counted or written here)."""
+    """The updates per epoch updates_per_epoch() counted on *data_dir*; None before."""
     cache = Path(data_dir) / "updates_per_epoch"
     return int(cache.read_text()) if cache.exists() else None
 

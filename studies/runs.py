@@ -1,25 +1,12 @@
 """One run folder of a study (OUT/VARIANT-SUFFIX/seedS): everything written into it and read from
-it is here. The recipe (examples/multi30k/run.sh) leaves:
+it is here. The recipe (examples/multi30k/run.sh) leaves train.log (fairseq-train's, every attempt
+appended), test-sets, and score/SET/scores.json with the hypotheses beside it (scripts/score.py;
+the published recipe's also tokenised); score/val/ the same for the validation set.
 
-- train.log: fairseq-train's log (every attempt appended): per epoch the training line
-  (num_updates, wpb, wps) and the validation line (loss);
-- test-sets, and score/TEST_SET/scores.json with the detokenised hypotheses beside it
-  (scripts/score.py); for a run of the published recipe also the tokenised hypotheses, scored by
-  the literature's BLEU (multi-bleu's, on the tokenised lowercased text) against the tokenised
-  reference it names; score/val/ the same for the validation set.
-
-The supervisor (supervise.py) writes, through this module:
-
-- lock: held by the process that trains the run (one trainer per folder);
-- command: the recipe's arguments it started with (a run resumes only with the same ones);
-- machines.jsonl: one line per attempt, written as it starts: its processor (a run that spans
-  sessions may train on different VMs);
-- attempts.jsonl: one line per attempt that ended, with its wall time (an attempt killed with its
-  machine or session writes none: its time is read from train.log);
-- diverged.json: where the run diverged (divergence.py), when the supervisor stopped it there;
-- dropout_gap.json: its checkpoints' validation loss with dropout off and on (dropout_gap.py).
-
-The checkpoint diagnostics (dropout_gap.py, source_use.py) read its checkpoints/ and bin/ here too.
+The supervisor (supervise.py) writes: lock (one trainer per folder); command (the recipe's
+arguments: a run resumes only with the same ones); machines.jsonl (each attempt's processor, as it
+starts: a run may span VMs); attempts.jsonl (each attempt that ended, with its wall time: a killed
+one's is read from train.log); diverged.json (divergence.py); dropout_gap.json (dropout_gap.py).
 """
 
 import datetime
@@ -29,7 +16,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import fairseq_log
@@ -46,9 +33,62 @@ _EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
 _SCORES = {}  # (scores.json, its mtime and size, subset, language): RunFolder.scores, read once per process
 
 
+def try_lock(path, tries=1):
+    """*path* opened and locked, held until it is closed; None while another process holds it
+    (tried *tries* times, 0.1 s apart)."""
+    handle = open(path, "w")
+    for attempt in range(tries):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            time.sleep(0.1 * (attempt < tries - 1))
+    handle.close()
+    return None
+
+
 def read_lines(path):
     with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
+
+
+def lines_of(path):
+    """read_lines, or none when *path* is not there (yet)."""
+    return read_lines(path) if Path(path).exists() else []
+
+
+@dataclass
+class Run:
+    """One run as a study's JSON holds it, its keys in its order (OPTIONAL ones left out when None)."""
+
+    variant: str
+    lr: float  # None: the recipe's
+    label: str  # the tables' and figures' name: the variant, or "variant lr=X" in a sweep
+    seed: int
+    folder: str = None  # VARIANT-SUFFIX/seedS
+    updates: int = 0
+    epochs: int = 0
+    tokens_per_s: float = None
+    best_valid_loss: float = None
+    valid_curve: list = field(default_factory=list)  # [(updates, validation loss)] per epoch
+    wall_s: float = 0.0
+    wall_s_by_cpu: dict = None
+    attempts: int = 0
+    stopped_by: str = None  # "patience" or "max-update": fairseq-train's reason
+    dropout_gap: dict = None  # dropout_gap.py's record
+    diverged: dict = None  # divergence.divergence's: where and why
+    test_sets: dict = field(default_factory=dict)  # {test set: score}
+    val: dict = None  # the validation set's score
+
+    OPTIONAL = ("wall_s_by_cpu", "stopped_by", "dropout_gap", "diverged", "val")
+
+    def to_json(self):
+        return {k: v for k, v in vars(self).items() if v is not None or k not in self.OPTIONAL}
+
+    @property
+    def scored_sets(self):
+        """Its scores by set name: its test sets, and "val" when it scored the validation set."""
+        return {**self.test_sets, **({"val": self.val} if self.val is not None else {})}
 
 
 class RunFolder:
@@ -68,33 +108,21 @@ class RunFolder:
         return self.path / name
 
     @property
-    def name(self):
-        """VARIANT-SUFFIX/seedS, as a study's JSON and its translations name the run."""
+    def name(self):  # as a study's JSON and its translations name the run
         return f"{self.path.parent.name}/{self.path.name}"
 
     # --- what the supervisor writes ---------------------------------------------------------------
 
     def lock(self):
-        """The folder's lock, held until the file is closed (or this process ends); None while
-        another process holds it. Tried a few times: a study's --status probes the lock for an
-        instant (``trainer``), and a probe is not a trainer."""
+        """The folder's lock, held until the file is closed; None while another process holds it.
+        Tried a few times: --status probes it for an instant (``trainer``), and a probe is not a trainer."""
         self.path.mkdir(parents=True, exist_ok=True)
-        handle = open(self.lock_file, "w")
-        for attempt in range(LOCK_TRIES):
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return handle
-            except BlockingIOError:
-                time.sleep(0.1 * (attempt < LOCK_TRIES - 1))
-        handle.close()
-        return None
+        return try_lock(self.lock_file, LOCK_TRIES)
 
     def trainer(self):
-        """What the process that holds the folder's lock does, read without writing (the lock file
-        opened read-only, a shared lock tried and let go at once): "training" while the attempt it
-        started is under way (machines.jsonl names one started since it took the lock, and
-        attempts.jsonl has not recorded its end); "waiting for a slot" before it has started one
-        (supervise.Runner.take_slot); None when no process holds the lock, or its attempt ended."""
+        """What the lock's holder does, read without writing: "training" while the attempt it started
+        (machines.jsonl, since it took the lock) has not ended (attempts.jsonl); "waiting for a slot"
+        before it starts one; None when no process holds the lock."""
         try:
             handle = open(self.lock_file, "rb")
         except FileNotFoundError:
@@ -105,8 +133,7 @@ class RunFolder:
                 return None  # no holder: closing the file lets the shared lock go
             except BlockingIOError:
                 pass
-        # the lock's time: RunFolder.lock opens the file for writing, which sets it; to the second,
-        # as machines.jsonl records a start
+        # when it was locked (lock() opens it for writing), to the second as machines.jsonl's starts
         locked = datetime.datetime.fromtimestamp(int(self.lock_file.stat().st_mtime))
         started = [datetime.datetime.fromisoformat(m["started"]) for m in self.jsonl("machines.jsonl")]
         if not started or started[-1] < locked:
@@ -114,8 +141,7 @@ class RunFolder:
         ended = {datetime.datetime.fromisoformat(a["started"]) for a in self.jsonl("attempts.jsonl") if "started" in a}
         return None if started[-1] in ended else "training"
 
-    def link_data(self, data_dir):
-        """bin -> the study's binarised data: the same data for every run."""
+    def link_data(self, data_dir):  # bin -> the study's binarised data, the same for every run
         if not self.bin.exists():
             self.bin.symlink_to(os.path.relpath(Path(data_dir) / "bin", self.path))
 
@@ -129,13 +155,14 @@ class RunFolder:
 
     def record_start(self, started, cpu):
         """An attempt starts on processor *cpu* (written first: a killed attempt writes nothing after)."""
-        with open(self / "machines.jsonl", "a") as machines:
-            machines.write(json.dumps({"started": started.isoformat(timespec="seconds"), "cpu": cpu}) + "\n")
+        self._append("machines.jsonl", started, cpu=cpu)
 
     def record_attempt(self, started, wall_s, returncode):
-        with open(self / "attempts.jsonl", "a") as attempts:
-            record = {"started": started.isoformat(timespec="seconds"), "wall_s": round(wall_s, 1)}
-            attempts.write(json.dumps({**record, "returncode": returncode}) + "\n")
+        self._append("attempts.jsonl", started, wall_s=round(wall_s, 1), returncode=returncode)
+
+    def _append(self, name, started, **record):
+        with open(self / name, "a") as f:
+            f.write(json.dumps({"started": started.isoformat(timespec="seconds"), **record}) + "\n")
 
     def record_divergence(self, where):
         (self / "diverged.json").write_text(json.dumps(where) + "\n")
@@ -156,44 +183,39 @@ class RunFolder:
         return json.loads(record.read_text()) if record.exists() else None
 
     def finished(self):
-        """Nothing left to do: the run diverged, or it scored its test sets and the validation set (a
-        run finished before the recipe scored validation sets runs again to score it, and only that)."""
+        """The run diverged, or scored its test sets and the validation set (one finished before the
+        recipe scored validation runs again for that alone)."""
         return self.diverged() is not None or (
             self.finished_test_sets() is not None and (self / "score" / "val" / "scores.json").exists()
         )
 
     def resumes_at(self):
-        """The epoch a stopped run resumes at (one after its last epoch checkpoint); None for a run
-        with nothing to resume from."""
+        """The epoch after its last epoch checkpoint; None with none."""
         epochs = self._epoch_checkpoints()
         return max(epochs) + 1 if epochs else None
 
     def progress(self):
-        """How far its training has got (Progress), its train.log read once."""
-        log = self / "train.log"
-        return Progress.of(read_lines(log) if log.exists() else [])
+        return Progress.of(lines_of(self / "train.log"))
 
     def divergence(self):
-        """divergence.divergence() of its train.log, a NaN's update named by checkpoints/crash.pt."""
-        log = self / "train.log"
-        return divergence(read_lines(log) if log.exists() else [], self / "checkpoints" / "crash.pt")
+        """Where its train.log says it diverged (checkpoints/crash.pt names a NaN's update)."""
+        return divergence(lines_of(self / "train.log"), self / "checkpoints" / "crash.pt")
 
     def checkpoints(self, average_only=False):
-        """The kept checkpoints: the epoch ones (checkpoints/checkpointN.pt) in epoch order, then the
-        average the translations came from (checkpoint_avg.pt) if made; *average_only*: that one."""
+        """The epoch checkpoints in order, then the average the translations came from if made;
+        *average_only*: that one."""
         epochs = self._epoch_checkpoints()
         average = [f for f in [self / "checkpoints" / "checkpoint_avg.pt"] if f.exists()]
         return average if average_only else [epochs[e] for e in sorted(epochs)] + average
 
-    def _epoch_checkpoints(self):
-        """{epoch: checkpoints/checkpointN.pt} of the kept epoch checkpoints."""
+    def _epoch_checkpoints(self):  # {epoch: checkpoints/checkpointN.pt}
         found = (self / "checkpoints").glob("checkpoint*.pt")
         return {int(m.group(1)): f for f in found if (m := _EPOCH_CHECKPOINT.search(f.name))}
 
     @staticmethod
     def checkpoint_name(checkpoint):
-        """VARIANT-SUFFIX/seedS of a run folder's average, with the stem of any other checkpoint of
-        it ("post-ln/seed1 checkpoint3"); None for a checkpoint outside a run folder's checkpoints/."""
+        """ "post-ln/seed1" for a run folder's average, "post-ln/seed1 checkpoint3" for another of its
+        checkpoints; None outside a run folder's checkpoints/."""
         path = Path(checkpoint)
         if len(path.parts) < 4 or path.parent.name != "checkpoints":
             return None
@@ -209,11 +231,12 @@ class RunFolder:
         return gap
 
     def jsonl(self, name):
-        return [json.loads(line) for line in read_lines(self / name)] if (self / name).exists() else []
+        return [json.loads(line) for line in lines_of(self / name)]
 
     def summary(self):
-        """Updates, tokens/s, the validation curve, why it stopped and wall time."""
-        train, valid = training_log(self / "train.log")
+        """Updates, tokens/s, the validation curve, why it stopped and wall time: Run's fields."""
+        log = lines_of(self / "train.log")
+        train, valid = training_log(log)
         epochs = sorted(train)
         updates = int(train[epochs[-1]]["num_updates"]) if epochs else 0
         tokens, seconds, previous = 0.0, 0.0, 0
@@ -225,8 +248,7 @@ class RunFolder:
             previous = fields["num_updates"]
         curve = [(int(valid[e]["num_updates"]), valid[e]["loss"]) for e in sorted(valid)]
         attempts = self.jsonl("attempts.jsonl")
-        killed = unrecorded_spans(self / "train.log", attempts)
-        stop = stopped_by(self / "train.log")
+        killed = unrecorded_spans(log, attempts)
         return {
             "updates": updates,
             "epochs": len(epochs),
@@ -236,14 +258,13 @@ class RunFolder:
             "wall_s": round(sum(a["wall_s"] for a in attempts) + sum(seconds for _, seconds in killed), 1),
             "wall_s_by_cpu": wall_s_by_cpu(attempts, killed, self.jsonl("machines.jsonl")),
             "attempts": len(attempts) + len(killed),
-            **({"stopped_by": stop} if stop else {}),
+            "stopped_by": stopped_by(log),
         }
 
     def scores(self, name, subset, target_lang):
-        """sacreBLEU (the recipe's, with signature), chrF and lowercased 13a BLEU of one scored set;
-        for a run of the published recipe, the literature's BLEU, sacreBLEU and chrF
-        (case-insensitive), each signature naming its metric. *subset*: fairseq's name for it. Scored
-        once per process (a run's loop reads its finished runs again and again), again when rescored."""
+        """sacreBLEU, chrF and lowercased BLEU of one scored set, with signatures (the published
+        recipe's: the literature's BLEU, and both case-insensitive); *subset*: fairseq's name for it.
+        Scored once per process (the runner reads its finished runs again and again)."""
         record = self / "score" / name / "scores.json"
         stat = record.stat()
         key = (str(record), stat.st_mtime_ns, stat.st_size, subset, target_lang)
@@ -259,67 +280,50 @@ class RunFolder:
         scored = json.loads(record.read_text())
         hypotheses_path = folder / f"{subset}.hyp.{target_lang}"
         hypotheses, references = read_lines(hypotheses_path), read_lines(scored["reference"])
-        if "tokenized_bleu" in scored:  # the published recipe's
-            chrf = CHRF(lowercase=True)
+        published = "tokenized_bleu" in scored  # the published recipe's: case-insensitive, tokenised too
+        chrf = CHRF(lowercase=published)
+        score = {
+            "sacrebleu": scored["sacrebleu"],
+            "signature": f"BLEU|{scored['sacrebleu_signature']}" if published else scored["sacrebleu_signature"],
+            "chrf": chrf.corpus_score(hypotheses, [references]).score,
+            "chrf_signature": f"chrF2|{chrf.get_signature()}" if published else str(chrf.get_signature()),
+        }
+        if published:
             return {
                 "bleu_tok": scored["tokenized_bleu"],
                 "bleu_tok_signature": f"BLEU|{scored['tokenized_signature']}|tokenised lowercased text (multi-bleu)",
-                "sacrebleu": scored["sacrebleu"],
-                "signature": f"BLEU|{scored['sacrebleu_signature']}",
-                "chrf": chrf.corpus_score(hypotheses, [references]).score,
-                "chrf_signature": f"chrF2|{chrf.get_signature()}",
+                **score,
                 "hypotheses": str(hypotheses_path),
                 "hypotheses_tok": str(folder / f"{subset}.hyp.tok.{target_lang}"),
                 "reference": scored["reference"],
                 "reference_tok": scored["tokenized_reference"],
             }
-        chrf, lowercase = CHRF(), BLEU(lowercase=True)
-        return {
-            "sacrebleu": scored["sacrebleu"],
-            "signature": scored["sacrebleu_signature"],
-            "chrf": chrf.corpus_score(hypotheses, [references]).score,
-            "chrf_signature": str(chrf.get_signature()),
-            "bleu_lc": lowercase.corpus_score(hypotheses, [references]).score,
-            "bleu_lc_signature": str(lowercase.get_signature()),
-            "hypotheses": str(hypotheses_path),
-            "reference": scored["reference"],
-        }
+        lowercase = BLEU(lowercase=True)
+        score.update(bleu_lc=lowercase.corpus_score(hypotheses, [references]).score)
+        score.update(bleu_lc_signature=str(lowercase.get_signature()), hypotheses=str(hypotheses_path))
+        return {**score, "reference": scored["reference"]}
 
-    def outcome(self):
-        """What a study's plan decides by (Study.plan), as record() has it but nothing scored again:
-        where the run diverged, or its validation sacreBLEU as scripts/score.py wrote it; None
-        while it has neither finished nor diverged."""
-        names, where = self.finished_test_sets(), self.diverged()
-        if where is not None:
-            return {"diverged": where, "test_sets": {}}
-        if names is None:
-            return None
-        val = self / "score" / "val" / "scores.json"
-        return {"test_sets": {}, **({"val": json.loads(val.read_text())} if val.exists() else {})}
-
-    def record(self, target_lang):
-        """The run as a study's JSON holds it (without its variant, rate, label and seed): its
-        summary, dropout gap, and its scores on each test set and the validation set, or where it
-        diverged (and no scores); None while it has neither finished nor diverged."""
+    def record(self, config, seed, target_lang, scored=True):
+        """The Run of *config* and *seed*; None while it has neither finished nor diverged. *scored*
+        False: only what Study.plan decides by (where it diverged, scripts/score.py's val sacreBLEU)."""
         names, where = self.finished_test_sets(), self.diverged()
         if names is None and where is None:
             return None
-        run = {"folder": self.name, **self.summary()}
-        gap = self.dropout_gap()
-        if gap is not None:
-            run["dropout_gap"] = gap
-        if where is not None:
-            return {**run, "diverged": where, "test_sets": {}}
-        # fairseq's names for the test splits: test, test1, ...
-        run["test_sets"] = {name: self.scores(name, f"test{i or ''}", target_lang) for i, name in enumerate(names)}
-        if (self / "score" / "val" / "scores.json").exists():
-            run["val"] = self.scores("val", "valid", target_lang)
+        summary = {"folder": self.name, **self.summary(), "dropout_gap": self.dropout_gap()} if scored else {}
+        run = Run(config.variant, config.lr, config.label, seed, diverged=where, **summary)
+        val = self / "score" / "val" / "scores.json"
+        if where is None and scored:
+            # fairseq's names for the test splits: test, test1, ...
+            run.test_sets = {name: self.scores(name, f"test{i or ''}", target_lang) for i, name in enumerate(names)}
+            run.val = self.scores("val", "valid", target_lang) if val.exists() else None
+        elif where is None and val.exists():
+            run.val = json.loads(val.read_text())
         return run
 
 
 @dataclass(frozen=True)
 class Progress:
-    """How far a training has got, from its log: what a study's status shows of a run in training."""
+    """How far a training has got, from its log: what --status shows of it."""
 
     epochs: int = 0  # the last epoch logged as ended
     updates: int = 0  # the last update logged (an interval's or an epoch's)
@@ -345,33 +349,26 @@ class Progress:
         return cls(**found)
 
 
-def training_log(path):
-    """Per epoch, fairseq-train's end-of-epoch training and validation fields, from its log.
-
-    An epoch logged twice (an attempt killed after logging it but before saving its checkpoint,
-    then run again) counts once: the last attempt's lines win."""
+def training_log(lines):
+    """Per epoch, fairseq-train's end-of-epoch training and validation fields; an epoch logged twice
+    (killed before its checkpoint was saved, then run again) counts once, the last."""
     epochs = {"train": {}, "valid": {}}
-    for kind, fields in fairseq_log.records(read_lines(path) if Path(path).exists() else [], "train", "valid"):
+    for kind, fields in fairseq_log.records(lines, "train", "valid"):
         epochs[kind][fields["epoch"]] = fields
     return epochs["train"], epochs["valid"]
 
 
-def stopped_by(train_log):
-    """Why fairseq-train stopped (the last reason its log gives: "patience" or "max-update"); None
-    for a run that reached its epoch limit, or has not stopped."""
-    lines = read_lines(train_log) if Path(train_log).exists() else []
+def stopped_by(lines):
+    """Why fairseq-train stopped early ("patience" or "max-update"), the last reason its log gives."""
     reasons = [name for line in lines for name, words in _STOPPED.items() if words in line]
     return reasons[-1] if reasons else None
 
 
-def unrecorded_spans(train_log, attempts):
-    """(first logged line, seconds) of each fairseq-train invocation in *train_log* that no attempt
-    of *attempts* covers: an attempt killed with its session (SIGKILL) leaves its log lines but no
-    attempt record. Each is counted from its first to its last logged line, a lower bound (the
-    recipe's few seconds before fairseq-train starts, and what it did after its last line, are
-    missed)."""
+def unrecorded_spans(lines, attempts):
+    """(first logged line, seconds to its last) of each fairseq-train in the log that no attempt of
+    *attempts* covers (one killed with its session leaves no record): a lower bound."""
     invocations = []  # [first, last] timestamp of each fairseq-train in the log
-    for line in read_lines(train_log) if Path(train_log).exists() else []:
+    for line in lines:
         stamp = fairseq_log.timestamp(line)
         if stamp is None or not (invocations or _TRAIN_START in line):
             continue
@@ -386,16 +383,13 @@ def unrecorded_spans(train_log, attempts):
     ]
 
 
-def _recorded_spans(attempts):
-    """(start, seconds) of each recorded attempt that says when it started."""
+def _recorded_spans(attempts):  # (start, seconds) of each attempt that says when it started
     return [(datetime.datetime.fromisoformat(a["started"]), a["wall_s"]) for a in attempts if "started" in a]
 
 
 def wall_s_by_cpu(attempts, killed, machines):
-    """Wall seconds per processor model: each attempt (recorded in *attempts*, or killed: *killed*'s
-    (first logged line, seconds)) trained on the processor of the last *machines* record written
-    after the attempt before it started and not after it started; "not recorded" where there is
-    none (attempts from before the runner wrote machines.jsonl)."""
+    """Wall seconds per processor model: each attempt (recorded, or *killed*) on the processor of the
+    last *machines* record between the attempt before it and its start; else "not recorded"."""
     spans = sorted(_recorded_spans(attempts) + killed)
     records = sorted((datetime.datetime.fromisoformat(m["started"]), m["cpu"]) for m in machines)
     seconds = {}

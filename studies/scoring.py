@@ -36,8 +36,7 @@ def primary(score):
 
 
 def paired_bootstrap(system, baseline, references, metric=None):
-    """sacrebleu's paired bootstrap resampling (--paired-bs, 1,000 samples, its fixed seed): the
-    BLEU difference system - baseline and its p-value (sacreBLEU's default BLEU, or *metric*)."""
+    """sacrebleu's paired bootstrap (--paired-bs, its fixed seed): system - baseline and its p-value."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
@@ -54,18 +53,17 @@ def paired_bootstrap(system, baseline, references, metric=None):
 
 
 def comparisons(runs, pairs=PAIRS):
-    """Each pair (system, baseline) of *pairs*, on each test set, for each seed that both variants
-    finished."""
+    """Each pair of *pairs*, on each test set, for each seed both variants finished."""
     from sacrebleu.metrics import BLEU
 
-    by_key = {(r["variant"], r["seed"]): r for r in runs}
+    by_key = {(r.variant, r.seed): r for r in runs}
     found = []
     for a, b in pairs:
-        for seed in sorted({r["seed"] for r in runs}):
+        for seed in sorted({r.seed for r in runs}):
             if (a, seed) not in by_key or (b, seed) not in by_key:
                 continue
-            for name, score_a in by_key[a, seed]["test_sets"].items():
-                score_b = by_key[b, seed]["test_sets"][name]
+            for name, score_a in by_key[a, seed].test_sets.items():
+                score_b = by_key[b, seed].test_sets[name]
                 form = "_tok" if "bleu_tok" in score_a else ""  # the published recipe's: the tokenised text
                 texts = (score_a[f"hypotheses{form}"], score_b[f"hypotheses{form}"], score_a[f"reference{form}"])
                 metric = BLEU(tokenize="none", force=True) if form else None  # on its own metric
@@ -93,20 +91,18 @@ def permutation_test(scores_a, scores_b):
 
 
 def seed_comparisons(runs, pairs=PAIRS):
-    """Each pair (system, baseline) of *pairs*, on each test set, across seeds: sacreBLEU's
-    difference of means and the permutation test's p-value (for variants with two seeds or more
-    each)."""
+    """Each pair of *pairs* with two seeds or more each, on each test set: the permutation test."""
     found = []
     for a, b in pairs:
-        mine = {variant: [r for r in runs if r["variant"] == variant] for variant in (a, b)}
+        mine = {variant: [r for r in runs if r.variant == variant] for variant in (a, b)}
         if len(mine[a]) < 2 or len(mine[b]) < 2:
             continue
-        for name in mine[a][0]["test_sets"]:
+        for name in mine[a][0].test_sets:
             delta, p_value, splits = permutation_test(
-                [primary(r["test_sets"][name]) for r in mine[a]],
-                [primary(r["test_sets"][name]) for r in mine[b]],
+                [primary(r.test_sets[name]) for r in mine[a]],
+                [primary(r.test_sets[name]) for r in mine[b]],
             )
-            seeds = dict(seeds_a=[r["seed"] for r in mine[a]], seeds_b=[r["seed"] for r in mine[b]])
+            seeds = dict(seeds_a=[r.seed for r in mine[a]], seeds_b=[r.seed for r in mine[b]])
             result = dict(delta_mean=round(delta, 2), p_value=round(p_value, 4), splits=splits)
             found.append(dict(a=a, b=b, test_set=name, **seeds, **result))
     return found
@@ -121,25 +117,27 @@ def mean_std(values):
 
 def summary(runs, labels):
     """Per variant (label): the mean and sample standard deviation over its seeds."""
+
+    def spread(values):
+        return dict(zip(("mean", "std"), mean_std(values)))
+
     out = {}
     for label in labels:
-        mine = [r for r in runs if r["label"] == label and not r.get("diverged")]
+        mine = [r for r in runs if r.label == label and not r.diverged]
         if not mine:
             continue
-        entry = {"seeds": [r["seed"] for r in mine]}
-        for key in ("updates", "wall_s", "tokens_per_s", "best_valid_loss"):
-            entry[key] = dict(zip(("mean", "std"), mean_std([r[key] for r in mine])))
-        for name in mine[0]["test_sets"]:
-            entry[name] = {
-                metric: dict(zip(("mean", "std"), mean_std([r["test_sets"][name][metric] for r in mine])))
-                for metric in ("bleu_tok", "sacrebleu", "chrf", "bleu_lc")
-                if metric in mine[0]["test_sets"][name]
+        entry = {"seeds": [r.seed for r in mine]}
+        entry.update(
+            {
+                key: spread([getattr(r, key) for r in mine])
+                for key in ("updates", "wall_s", "tokens_per_s", "best_valid_loss")
             }
-        if all("val" in r for r in mine):
-            entry["val"] = {
-                metric: dict(zip(("mean", "std"), mean_std([r["val"][metric] for r in mine])))
-                for metric in ("bleu_tok", "sacrebleu")
-                if metric in mine[0]["val"]
-            }
+        )
+        for name, first in mine[0].test_sets.items():
+            metrics = [m for m in ("bleu_tok", "sacrebleu", "chrf", "bleu_lc") if m in first]
+            entry[name] = {m: spread([r.test_sets[name][m] for r in mine]) for m in metrics}
+        if all(r.val is not None for r in mine):
+            metrics = [m for m in ("bleu_tok", "sacrebleu") if m in mine[0].val]
+            entry["val"] = {m: spread([r.val[m] for r in mine]) for m in metrics}
         out[label] = entry
     return out

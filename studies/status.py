@@ -1,16 +1,11 @@
-"""What a study is doing while it trains (quality.py --status): every run of its plan (Study.plan,
-in supervise.run_all's order) with its state, read from the run folders and the study's --json
-without writing anything, and what the runner trains next:
+"""What a study is doing while it trains (quality.py --status), read without writing: every run
+of its plan with its state, and what the runner trains next:
 
-    finished   scored (or held by the --json: the runner trains it no more)
+    finished   scored (or held by the --json)
     diverged   stopped where it diverged (divergence.py)
-    training   a runner holds its folder's lock and its attempt is under way: its epochs done,
-               updates, tokens/s and validation loss of its last epoch, and when its training
-               ends at that speed
-    waiting    not started, or stopped (it resumes after its last epoch checkpoint), or held by a
-               runner that waits for one of --out's slots
-
-The runner logs the same words for a run each time it ends an epoch (training_words)."""
+    training   its attempt under way: epochs, updates, tokens/s, validation loss, when it ends
+    waiting    not started, stopped (resumes after its last epoch checkpoint), or waiting for a slot
+"""
 
 import datetime
 from collections import Counter
@@ -30,7 +25,7 @@ class RunStatus:
 
 
 def now():
-    """The time the estimates count from (one clock for the status and the runner's lines)."""
+    """The clock of the estimates (the status's and the runner's lines)."""
     return datetime.datetime.now()
 
 
@@ -40,9 +35,8 @@ def run_name(config, seed):
 
 
 def training_words(progress, epochs, per_epoch=None):
-    """A run in training in words, from its log's Progress: its epochs done of the study's *epochs*,
-    its updates, and its last epoch's tokens/s and validation loss; when its training ends at that
-    speed. *per_epoch*: the updates an epoch makes (None: as many as its epochs made so far)."""
+    """A run in training in words (runs.Progress), and when it ends at its speed; *per_epoch*: the
+    updates an epoch makes (None: as many as its epochs made so far)."""
     of = f" of {epochs}" if epochs else ""  # the published recipe has no epoch limit
     if not progress.epochs:
         return f"training, epoch 1{of} under way, {progress.updates:,} updates"
@@ -63,15 +57,14 @@ def training_words(progress, epochs, per_epoch=None):
 
 
 def run_status(study, config, seed, record, previous, per_epoch=None):
-    """The RunStatus of *study*'s run (*config*, *seed*); *record*: the study's (Study.record),
-    *previous*: the StudyRecord of its --json (the runner trains none of its runs again)."""
+    """The RunStatus of (*config*, *seed*); *previous*: the --json's record (none of its runs trains)."""
     name, folder = run_name(config, seed), RunFolder(study.run_folder(config, seed))
     run = record.run(config.variant, config.lr, seed)  # its folder's outcome, else the --json's record
-    if run is not None and run.get("diverged"):
-        return RunStatus(name, "diverged", f"diverged at update {run['diverged']['update']}")
+    if run is not None and run.diverged:
+        return RunStatus(name, "diverged", f"diverged at update {run.diverged['update']}")
     if (previous is not None and previous.run(config.variant, config.lr, seed) is not None) or folder.finished():
-        val = run.get("val")
-        return RunStatus(name, "finished", "finished" + (f", val BLEU {val['sacrebleu']:.2f}" if val else ""))
+        val = f", val BLEU {run.val['sacrebleu']:.2f}" if run.val else ""
+        return RunStatus(name, "finished", "finished" + val)
     trainer = folder.trainer()
     if trainer == "training":
         return RunStatus(name, "training", training_words(folder.progress(), study.epochs, per_epoch))
@@ -80,8 +73,7 @@ def run_status(study, config, seed, record, previous, per_epoch=None):
 
 
 def table(study, previous):
-    """The status of every run of *study*'s plan, one row each, and at the foot how many are
-    finished and which the runner trains next. *previous*: the StudyRecord of its --json."""
+    """Every run of *study*'s plan, one row each, and the foot."""
     record = study.record(previous, scored=False)
     per_epoch = recipe.counted_updates_per_epoch(study.out / "data")
     runs = [run_status(study, c, seed, record, previous, per_epoch) for c, seed in study.plan(record)]
@@ -98,8 +90,7 @@ def table(study, previous):
 
 
 def foot(runs, decided):
-    """How many runs are in each state, the next one the runner trains (the first waiting run in
-    its order), and whether more are to come (*decided*: Study.decided)."""
+    """How many runs are in each state, the next the runner trains, and whether more will come."""
     counts = Counter(r.state for r in runs)
     line = f"{counts['finished']} of {len(runs)} runs finished"
     line += "".join(f", {counts[state]} {state}" for state in STATES[1:] if counts[state])

@@ -1,14 +1,9 @@
-"""A quality study: what it trains (variants × peak learning rates × seeds, on one preset), where
-its runs' folders are, and its JSON with the translations committed beside it. Everything a
-study's JSON holds is written, and read back (a StudyRecord, which answers what a report asks of a
-study: quality.py's, --beside's, the runner's and depth_report.py's), here.
+"""A quality study: its plan (Study: variants × peak learning rates × seeds, and their folders)
+and its record (StudyRecord: the runs gathered from their folders or loaded from its JSON).
 
-The JSON: "what", the header (common.results: "command", "machine", "date", "commit", "torch"),
-"settings" (what the runs were trained with; a study goes on from the runs a JSON of the same
-settings holds), "runs" (each run's record, runs.RunFolder.record, with its variant, rate, label,
-seed and the committed translations' paths), "best" (a sweep: each variant's chosen rate),
-"comparisons" (paired bootstrap, seed by seed), "seed_comparisons" (the permutation test across
-seeds) and "summary" (mean ± std).
+The JSON: "what", the header (common.results), "settings" (Settings), "runs" (runs.Run, naming the
+committed translations), "best" (a sweep's chosen rates), "comparisons" (paired bootstrap),
+"seed_comparisons" (permutation test across seeds) and "summary" (mean ± std).
 """
 
 import copy
@@ -16,14 +11,14 @@ import gzip
 import os
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from common.presets import PRESETS
 from common.repo import REPO, repo_relative
 from common.results import read_result, write_result
 from studies import scoring
-from studies.runs import RunFolder, read_lines
+from studies.runs import Run, RunFolder, read_lines
 
 QUALITY = Path(__file__).with_name("quality.py")  # the command that writes a study's JSON
 
@@ -38,7 +33,7 @@ class RunConfig:
 
 @dataclass
 class Study:
-    """A study's settings, from the command line (quality.py) to the JSON (settings())."""
+    """A study's plan, from the command line (quality.py)."""
 
     preset_name: str  # a key of common.presets.PRESETS ("quick" for --quick)
     variants: list
@@ -77,22 +72,14 @@ class Study:
             f"-{name}{self.overrides[name]:g}" for name in ("warmup", "epochs", "layers") if name in self.overrides
         )
         self.run_suffix = suffix + ("-bf16" if self.bf16 else "")
-        self.configs = [
-            RunConfig(
-                f"{variant} lr={lr:g}" if self.sweep else variant,
-                variant,
-                lr,
-                (f"-lr{lr:g}" if self.lr_given else "") + self.run_suffix,
-            )
-            for variant in self.variants
-            for lr in self.lrs
-        ]
+        self.configs = [self._config(variant, lr, self.lr_given) for variant in self.variants for lr in self.lrs]
         # --widen: the rate beyond each edge, trained for a variant whose best is at that edge
-        self.beyond = [
-            RunConfig(f"{variant} lr={lr:g}", variant, lr, f"-lr{lr:g}{self.run_suffix}")
-            for variant in (self.variants if self.widen else ())
-            for lr in (min(self.lrs) / 2, max(self.lrs) * 2)
-        ]
+        edges = beyond_edges(self.lrs).values() if self.widen else ()
+        self.beyond = [self._config(variant, lr, True) for variant in self.variants for lr in edges]
+
+    def _config(self, variant, lr, rate_named):
+        label = f"{variant} lr={lr:g}" if self.sweep else variant
+        return RunConfig(label, variant, lr, (f"-lr{lr:g}" if rate_named else "") + self.run_suffix)
 
     @property
     def all_configs(self):
@@ -106,23 +93,9 @@ class Study:
         return self.out / f"{config.variant}{config.suffix}" / f"seed{seed}"
 
     def settings(self):
-        """What the JSON records of how its runs were trained (a float32 study's have no "bf16": the
-        studies committed before it existed)."""
-        return {
-            "preset": self.preset_name,
-            "epochs": self.epochs,
-            "layers": self.layers,
-            "lr": self.lr,
-            "warmup": self.warmup,
-            "seeds": self.seeds,
-            "variants": self.variants,
-            "jobs": self.jobs,
-            **({"lrs": self.lrs} if self.sweep else {}),
-            **({"best_seeds": self.best_seeds} if self.best_seeds else {}),
-            **({"best_variants": self.best_variants} if self.best_variants else {}),
-            **({"widen": True} if self.widen else {}),
-            **({"bf16": True} if self.bf16 else {}),
-        }
+        given = dict(lrs=self.lrs if self.sweep else None, best_seeds=self.best_seeds, widen=self.widen, bf16=self.bf16)
+        fixed = (self.preset_name, self.epochs, self.layers, self.lr, self.warmup, self.seeds, self.variants, self.jobs)
+        return Settings(*fixed, best_variants=self.best_variants, **{k: v or None for k, v in given.items()})
 
     def describe(self):
         size = self.preset.describe
@@ -140,45 +113,34 @@ class Study:
         )
 
     def previous(self):
-        """The StudyRecord of the --json file this study goes on from: None when there is none, or
-        when its runs were trained with other settings (the rate aside)."""
+        """The StudyRecord of the --json this study goes on from; None without one, or when its runs
+        were trained otherwise (DEFINING)."""
         path = Path(self.json) if self.json else None
         if path is None or not path.exists():
             return None
-        record = StudyRecord.load(path, self.data)
-        return record if all(record.settings.get(k) == self.settings().get(k) for k in DEFINING) else None
+        record, mine = StudyRecord.load(path, self.data), self.settings()
+        return record if all(getattr(record.settings, k) == getattr(mine, k) for k in DEFINING) else None
 
     def config(self, variant, lr):
-        """The config that trains *variant* at *lr* (a sweep's rate, or one beyond its edges)."""
         return next(c for c in self.all_configs if (c.variant, c.lr) == (variant, lr))
 
     def record(self, previous=None, scored=True):
-        """The study's record: every finished run, from its folder, else from *previous* (the
-        StudyRecord it goes on from: a fresh checkout has no run folders), under this study's label
-        for its variant and rate (a sweep takes a single-rate study's runs as its own at that rate).
-        *scored* False: of a run folder only what the plan decides by (RunFolder.outcome: no
-        translation scored again), for a status that answers at once."""
+        """Every finished run, from its folder, else from *previous* (a fresh checkout has no run
+        folders), under this study's label. *scored* False: only what the plan decides by."""
         runs = []
         for seed in self.seeds + self.best_seeds:
             for config in self.all_configs:
-                folder = RunFolder(self.run_folder(config, seed))
-                found = folder.record(self.target_lang) if scored else folder.outcome()
-                if found is not None:
-                    runs.append(
-                        {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed, **found}
-                    )
-                elif previous is not None and (found := previous.run(config.variant, config.lr, seed)) is not None:
-                    runs.append({**found, "label": config.label})
+                run = RunFolder(self.run_folder(config, seed)).record(config, seed, self.target_lang, scored)
+                if run is None and previous is not None and (known := previous.run(config.variant, config.lr, seed)):
+                    run = replace(known, label=config.label)
+                runs += [run] if run else []
         labels = self.labels
-        runs.sort(key=lambda r: (labels.index(r["label"]), r["seed"]))
-        return StudyRecord({"settings": self.settings(), "runs": runs})
+        runs.sort(key=lambda r: (labels.index(r.label), r.seed))
+        return StudyRecord(self.settings(), runs, self.describe(), self.machine)
 
     def plan(self, record):
-        """The (config, seed) pairs the study trains, in the order supervise.run_all queues them, as
-        far as its *record* (Study.record) decides: every config's seed 1 first, then its other
-        --seeds; with --widen, the rate beyond the edge a variant's best is at, with --seeds; then
-        --best-seeds at each variant's best rate, seed 2 of every variant before seed 3. Runs
-        that are recorded are in it too."""
+        """The (config, seed) pairs to train, in order, as far as *record* decides: every config's
+        --seeds; --widen's rates; then --best-seeds at each variant's best rate, seed by seed."""
         runs = [(config, seed) for seed in self.seeds for config in self.configs]
         runs += [(self.config(variant, lr), seed) for variant, lr in record.widening() for seed in self.seeds]
         for seed in self.best_seeds:
@@ -186,47 +148,34 @@ class Study:
         return list(dict.fromkeys(runs))
 
     def decided(self, record):
-        """Whether *record* has chosen every rate the plan waits for (before that, plan() holds only
-        the runs known so far): with --widen every variant's best, with --best-seeds each of
-        --best-variants' (with --widen, a best at an edge is chosen once the rate beyond it is in)."""
+        """Whether *record* has chosen every rate the plan waits for (--widen: every variant's,
+        --best-seeds: each of --best-variants')."""
         if not self.sweep or not (self.widen or self.best_seeds):
             return True
         return all(v in record.best for v in (self.variants if self.widen else self.best_variants or self.variants))
 
     def machines(self, previous):
-        """The machine the JSON names: --machine, after the one of *previous* (the JSON this study
-        goes on from) when that does not name it yet (its runs trained there); that one alone when it
-        does."""
+        """--machine, after *previous*'s machine (where its runs trained) unless that names it."""
         before = previous.machine if previous else None
         if not before:
             return self.machine
         return before if self.machine in before else f"{before}; later runs: {self.machine}"
 
     def save(self, argv, record, found, across_seeds, show=True):
-        """--json: the study (*record*: its runs and best rates), with its translations committed
-        beside it (hypotheses' local paths dropped)."""
+        """--json: *record*, its translations committed beside it, and its comparisons."""
         path = Path(self.json)
-        # on copies: the runs are also the recorded ones a later report in this process compares
-        runs = copy.deepcopy(record.runs)
-        write_translations(runs, path.parent / path.stem, self.target_lang)
-        for run in runs:
-            for score in scored_sets(run).values():
-                del score["hypotheses"]  # local paths; `translations` is the committed copy
-                if "hypotheses_tok" in score:
-                    del score["hypotheses_tok"]
-                    score["reference_tok"] = repo_relative(score["reference_tok"])  # made again by the same command
         write_result(
             path,
             QUALITY,
             argv,
             self.machine,
-            what=self.describe(),
-            settings=self.settings(),
-            runs=runs,
+            what=record.what,
+            settings=record.settings.to_json(),
+            runs=[committed(run, path.parent / path.stem, self.target_lang) for run in record.runs],
             **({"best": record.best} if self.sweep else {}),
             comparisons=found,
             seed_comparisons=across_seeds,
-            summary=scoring.summary(runs, self.labels),
+            summary=scoring.summary(record.runs, self.labels),
         )
         if show:
             print(f"[quality] wrote {path}")
@@ -236,147 +185,181 @@ class Study:
 DEFINING = ("preset", "epochs", "layers", "warmup", "bf16")
 
 
-class StudyRecord:
-    """A study's record: its settings and its runs, as its JSON holds them (load) or as a Study
-    gathers them (Study.record); the questions asked of a study, each answered here."""
+@dataclass
+class Settings:
+    """What a study's runs were trained with, as its JSON holds them (OPTIONAL ones only when given)."""
 
-    def __init__(self, data, path=None, parts=None):
-        self.data, self.settings, self.runs, self.path = data, data["settings"], data["runs"], path
-        self.layers, self.machine, self.what = self.settings.get("layers"), data.get("machine"), data.get("what")
-        self.parts = parts or [self]  # the studies a record of one depth merges (merged), else itself
-        # a sweep lists its rates (the first, post-ln-only sweep committed did not, and compares
-        # nothing across variants either way)
-        self.sweep = "lrs" in self.settings
+    preset: str = None
+    epochs: int = None
+    layers: int = None
+    lr: float = None  # None: a sweep's, or the recipe's
+    warmup: int = None
+    seeds: list = field(default_factory=list)
+    variants: list = field(default_factory=list)
+    jobs: int = 1
+    lrs: list = None  # a sweep's rates (the first, post-ln-only sweep committed lists none)
+    best_seeds: list = None
+    best_variants: list = None
+    widen: bool = None
+    bf16: bool = None
+
+    OPTIONAL = ("lrs", "best_seeds", "best_variants", "widen", "bf16")
+
+    def to_json(self):
+        return {k: v for k, v in vars(self).items() if v or k not in self.OPTIONAL}
+
+
+@dataclass
+class StudyRecord:
+    """A study's settings and runs, loaded or gathered (Study.record): what a report asks of a study."""
+
+    settings: Settings
+    runs: list  # of runs.Run
+    what: str = None  # Study.describe()
+    machine: str = None
+    date: str = ""
+    path: Path = None  # the JSON it was loaded from
+    parts: list = None  # merged: the studies of one depth it holds
+
+    @classmethod
+    def from_json(cls, data, path=None):
+        settings, runs = Settings(**data["settings"]), [Run(**run) for run in data["runs"]]
+        return cls(settings, runs, data.get("what"), data.get("machine"), data.get("date", ""), path)
+
+    @property
+    def layers(self):
+        return self.settings.layers
+
+    @property
+    def sweep(self):
+        return bool(self.settings.lrs)
+
+    @property
+    def test_names(self):
+        return next((list(r.test_sets) for r in self.runs if r.test_sets), [])
 
     @classmethod
     def merged(cls, parts):
-        """Studies of one depth as one record: each variant's runs at its best rate side by side,
-        their settings' variants in order, not a sweep; each study stays in ``parts``. A study
-        trained otherwise than the first (DEFINING) names its variants with what differs
-        ("deepnorm, warm-up 1600"): its seeds are not the same variant's."""
+        """Studies of one depth as one record of each variant at its best rate; a study trained
+        otherwise than the first names its variants with what differs ("deepnorm, warm-up 1600")."""
 
         def named(part, name):  # a variant or a run's label
-            differs = [k for k in DEFINING if part.settings.get(k) != parts[0].settings.get(k)]
-            return ", ".join([name] + [f"{k.replace('warmup', 'warm-up')} {part.settings.get(k)}" for k in differs])
+            differs = [
+                (k, getattr(part.settings, k))
+                for k in DEFINING
+                if getattr(parts[0].settings, k) != getattr(part.settings, k)
+            ]
+            return ", ".join([name] + [f"{k.replace('warmup', 'warm-up')} {value}" for k, value in differs])
 
-        variants = list(dict.fromkeys(named(part, v) for part in parts for v in part.settings["variants"]))
-        settings = {**{k: v for k, v in parts[0].settings.items() if k != "lrs"}, "variants": variants}
+        variants = list(dict.fromkeys(named(part, v) for part in parts for v in part.settings.variants))
         runs = [
-            {**r, "variant": named(part, r["variant"]), "label": named(part, r["label"])}
+            replace(r, variant=named(part, r.variant), label=named(part, r.label))
             for part in parts
             for r in part.compared
         ]
-        return cls({**parts[0].data, "settings": settings, "runs": runs}, parts=parts)
+        first = parts[0]
+        settings = replace(first.settings, lrs=None, variants=variants)
+        return cls(settings, runs, first.what, first.machine, first.date, parts=parts)
 
     def run(self, variant, lr, seed):
-        """The record of *variant*'s run at *lr* with *seed*; None when it is not in."""
-        return next((r for r in self.runs if (r["variant"], r["lr"], r["seed"]) == (variant, lr, seed)), None)
+        return next((r for r in self.runs if (r.variant, r.lr, r.seed) == (variant, lr, seed)), None)
 
     @property
     def best(self):
-        """A sweep's chosen rate per variant whose --seeds runs are all in at every rate: the best
-        mean validation sacreBLEU over those seeds; diverged runs are never best. With --widen, a
-        variant whose best is at an edge of --lr is decided only once the rate beyond it is in."""
-        best = {}
-        for variant in self.settings["variants"] if self.sweep else ():
-            lrs = list(self.settings["lrs"])
-            beyond = self._beyond(self._best_of(variant, lrs))
-            chosen = self._best_of(variant, lrs + ([beyond] if beyond else []))
-            if chosen is not None:
-                best[variant] = chosen
-        return best
+        """A sweep's chosen rate per variant (_best_of), with --widen among the rate beyond an edge too."""
+        swept = self.settings.variants if self.sweep else []
+        chosen = {v: self._best_of(v, [*self.settings.lrs, *self._beyond(v)]) for v in swept}
+        return {variant: lr for variant, lr in chosen.items() if lr is not None}
 
     def widening(self):
-        """--widen: (variant, rate) beyond the edge of --lr that a variant's best sweep rate is at."""
-        edges = ((v, self._beyond(self._best_of(v, self.settings["lrs"]))) for v in self.settings["variants"])
-        return [(variant, lr) for variant, lr in edges if lr] if self.sweep else []
+        """--widen: (variant, rate beyond the edge of --lr that its best is at)."""
+        return [(v, lr) for v in (self.settings.variants if self.sweep else []) for lr in self._beyond(v)]
 
-    def _beyond(self, lr):
-        """The --widen rate beyond *lr* when it is an edge of --lr (half the lowest, twice the highest)."""
-        lrs = self.settings.get("lrs", [])
-        edges = {min(lrs): min(lrs) / 2, max(lrs): max(lrs) * 2} if self.settings.get("widen") and lrs else {}
-        return edges.get(lr)
+    def _beyond(self, variant):
+        """With --widen, the rate beyond the edge of --lr that *variant*'s best is at, if it is."""
+        lrs = self.settings.lrs
+        edge = beyond_edges(lrs).get(self._best_of(variant, lrs)) if self.settings.widen else None
+        return [edge] if edge else []
 
     def _best_of(self, variant, lrs):
-        """The rate of *lrs* with *variant*'s best mean validation sacreBLEU over the sweep's seeds,
-        once every one is in (None before); diverged runs are never best."""
-        seeds = self.settings["seeds"]
-        runs = {lr: [self.run(variant, lr, seed) for seed in seeds] for lr in lrs}
+        """The rate of *lrs* with the best mean validation sacreBLEU over --seeds, once all are in;
+        diverged runs are never best."""
+        runs = {lr: [self.run(variant, lr, seed) for seed in self.settings.seeds] for lr in lrs}
         if any(r is None for found in runs.values() for r in found):
             return None
-        scored = {lr: rs for lr, rs in runs.items() if all(not r.get("diverged") and r.get("val") for r in rs)}
+        scored = {lr: rs for lr, rs in runs.items() if all(not r.diverged and r.val for r in rs)}
         if not scored:
             return None
-        return max(scored, key=lambda lr: statistics.mean(r["val"]["sacrebleu"] for r in scored[lr]))
+        return max(scored, key=lambda lr: statistics.mean(r.val["sacrebleu"] for r in scored[lr]))
 
     @property
     def compared(self):
-        """The runs compared across seeds: all of them; in a sweep, each variant at its best rate
-        (none when it chose none)."""
+        """All runs; in a sweep, each variant's at its best rate."""
         best = self.best
-        return [r for r in self.runs if not self.sweep or best.get(r["variant"]) == r["lr"]]
+        return [r for r in self.runs if not self.sweep or best.get(r.variant) == r.lr]
+
+    @property
+    def scored(self):  # the runs compared that have scores
+        return [r for r in self.compared if not r.diverged]
 
     def further_seeds(self, variant):
-        """The --best-seeds the settings ask of *variant* at its best rate (of --best-variants only)."""
+        """The --best-seeds asked of *variant* (one of --best-variants) at its best rate."""
         settings = self.settings
-        return settings.get("best_seeds", []) if variant in (settings.get("best_variants") or [variant]) else []
+        return (settings.best_seeds or []) if variant in (settings.best_variants or [variant]) else []
 
     @classmethod
     def load(cls, path, data):
-        """The JSON at *path*, each score's `hypotheses` (and the published recipe's
-        `hypotheses_tok`) the committed translations, as scoring.comparisons reads them, and its
-        reference the one the JSON names where it is, else the file of that name in *data*."""
-        record = read_result(path)
-        for run in record["runs"]:
-            for score in scored_sets(run).values():
-                for key in ("hypotheses", "hypotheses_tok"):
-                    translations = score.get(key.replace("hypotheses", "translations"))
-                    if translations is not None:
-                        score[key] = str(REPO / translations)
-                if "translations_tok" in score:  # the published recipe's: the prepared tokenised reference
-                    score["reference_tok"] = str(REPO / score["reference_tok"])
-                reference = Path(score["reference"])
-                if not reference.exists():  # another machine's, or a gone run folder's (--quick's first lines)
-                    reference = Path(data) / (reference.name.removesuffix(".gz") + ".gz")
-                score["reference"] = str(reference)
-        return cls(record, path=Path(path))
+        """The JSON at *path*, its scores' `hypotheses` the committed translations, and its reference
+        the one it names where that is, else the file of that name in *data*."""
+        record = cls.from_json(read_result(path), Path(path))
+        for score in (score for run in record.runs for score in run.scored_sets.values()):
+            for form in ("", "_tok"):
+                if f"translations{form}" in score:
+                    score[f"hypotheses{form}"] = str(REPO / score[f"translations{form}"])
+            if "translations_tok" in score:  # the published recipe's: the prepared tokenised reference
+                score["reference_tok"] = str(REPO / score["reference_tok"])
+            reference = Path(score["reference"])
+            if not reference.exists():  # another machine's, or a gone run folder's (--quick's first lines)
+                reference = Path(data) / (reference.name.removesuffix(".gz") + ".gz")
+            score["reference"] = str(reference)
+        return record
 
     def undecided(self):
-        """Per variant of a sweep that has runs in but no best rate yet (its seed-1 runs are not all
-        in, or, with --widen, its best is at an edge and the rate beyond it still trains): the rates in."""
-        rates = {v: sorted({r["lr"] for r in self.runs if r["variant"] == v}) for v in self.settings["variants"]}
+        """Per variant of a sweep with runs in but no best rate yet: the rates in."""
+        rates = {v: sorted({r.lr for r in self.runs if r.variant == v}) for v in self.settings.variants}
         return {v: mine for v, mine in rates.items() if self.sweep and v not in self.best and mine}
 
     def missing_seeds(self):
-        """Per variant, the seeds its settings ask for at its best rate that are not in yet (a variant
-        whose rate is not chosen yet: said by undecided())."""
+        """Per variant with a best rate, the seeds asked of it there that are not in yet."""
         missing, waiting = {}, self.undecided()
-        for variant in (v for v in self.settings["variants"] if v not in waiting):
-            present = {r["seed"] for r in self.compared if r["variant"] == variant}
-            wanted = [s for s in self.settings["seeds"] + self.further_seeds(variant) if s not in present]
+        for variant in (v for v in self.settings.variants if v not in waiting):
+            present = {r.seed for r in self.compared if r.variant == variant}
+            wanted = [s for s in self.settings.seeds + self.further_seeds(variant) if s not in present]
             if wanted:
                 missing[variant] = wanted
         return missing
 
 
-def scored_sets(run):
-    """A run's scores by set name: its test sets, and "val" when it scored the validation set."""
-    return {**run["test_sets"], **({"val": run["val"]} if "val" in run else {})}
+def beyond_edges(lrs):
+    """--widen's rates, by the edge of *lrs* they are beyond: half the lowest, twice the highest."""
+    return {min(lrs): min(lrs) / 2, max(lrs): max(lrs) * 2}
 
 
-def write_translations(runs, folder, target_lang):
-    """Each run's hypotheses, gzipped (reproducibly: no name or time in the header), into folder;
-    the runs' `translations` become those paths, relative to the repository when inside it."""
+def committed(run, folder, target_lang):
+    """*run*'s JSON naming its hypotheses gzipped into *folder* (`translations`, reproducibly)."""
+    run = copy.deepcopy(run)  # the recorded run: a later report in this process compares it again
     folder.mkdir(parents=True, exist_ok=True)
-    for run in runs:
-        for name, score in scored_sets(run).items():
-            run_name = run["folder"].replace("/", ".")  # e.g. post-ln.seed1, post-ln-lr0.002.seed1
-            # the published recipe's are scored in two forms: detokenised, and tokenised (.tok)
-            for key, form in (("hypotheses", ""), ("hypotheses_tok", ".tok")):
-                if key not in score:
-                    continue
-                target = folder / f"{run_name}.{name}{form}.{target_lang}.gz"
-                data = "".join(f"{line}\n" for line in read_lines(score[key])).encode("utf-8")  # also a committed .gz
-                with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
-                    f.write(data)
-                score[key.replace("hypotheses", "translations")] = repo_relative(target)
+    for name, score in run.scored_sets.items():
+        # the published recipe's are scored in two forms: detokenised, and tokenised (.tok)
+        for form in ("", "_tok"):
+            hypotheses = score.pop(f"hypotheses{form}", None)
+            if hypotheses is None:
+                continue
+            target = folder / f"{run.folder.replace('/', '.')}.{name}{form.replace('_', '.')}.{target_lang}.gz"
+            text = "".join(f"{line}\n" for line in read_lines(hypotheses)).encode("utf-8")  # also a committed .gz
+            with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+                f.write(text)
+            score[f"translations{form}"] = repo_relative(target)
+        if "reference_tok" in score:  # made again by the same command
+            score["reference_tok"] = repo_relative(score["reference_tok"])
+    return run.to_json()

@@ -1,12 +1,9 @@
-"""Training a study's runs: N at a time, seed 1 of every config first, each run in its own session
-under this process's niceness (common.commands) and its folder's lock, watched for divergence and stopped there
-(each epoch it ends said in one line, in the words of quality.py --status), then (--dropout-gap)
-its checkpoints scored with dropout off and on (dropout_gap.py); all of them stopped on SIGINT or
-SIGTERM (run the same command again to resume). Studies started side by side into one --out
-share its N: a core one leaves is the other's at once."""
+"""Training a study's runs N at a time, each in its own session under its folder's lock, watched
+for divergence (each epoch said in --status's words), then (--dropout-gap) its checkpoints scored
+with dropout off and on; all stopped on SIGINT or SIGTERM (the same command resumes). Studies
+started side by side into one --out share its N slots."""
 
 import datetime
-import fcntl
 import os
 import signal
 import subprocess
@@ -19,7 +16,7 @@ from common import commands
 from common.host import cpu_model
 from common.repo import VENV
 from studies import recipe, status
-from studies.runs import RunFolder
+from studies.runs import RunFolder, try_lock
 
 WATCH_S = 10  # how often a training's log is read for a divergence
 SLOT_WAIT_S = 10  # how often a run waiting for one of --out's N slots tries again
@@ -31,11 +28,8 @@ def say(text):
 
 
 def run_all(study, data_dir, previous=None, on_finished=None):
-    """Every (config, seed) of the study, --jobs at a time, seed 1 of every config first; with
-    --widen and --best-seeds, the rate beyond an edge and a variant's further seeds at its best rate
-    are queued as soon as its record (Study.record, with *previous*'s runs) says so. The runs
-    *previous* holds are not trained again. *on_finished*(record) is called each time runs finish
-    (or diverge) while the study goes on."""
+    """Every run of Study.plan, --jobs at a time, each queued as soon as the record decides it; the
+    runs *previous* holds are not trained again. *on_finished*(record) each time runs finish."""
     runner = Runner(study, data_dir)
     signal.signal(signal.SIGINT, runner.stop)
     signal.signal(signal.SIGTERM, runner.stop)
@@ -66,15 +60,14 @@ def run_all(study, data_dir, previous=None, on_finished=None):
 
 
 class Runner:
-    """Runs the recipe for (config, seed) pairs, N at a time; stops them all on SIGINT/SIGTERM."""
+    """Runs the recipe for (config, seed) pairs; stops them all on SIGINT/SIGTERM."""
 
     def __init__(self, study, data_dir):
         self.study, self.data_dir = study, data_dir
         self.running, self.lock, self.stopping, self.locks = set(), threading.Lock(), False, []
 
     def run(self, config, seed):
-        """Train one run to its end, then (--dropout-gap) score its kept checkpoints; None when it
-        finished or diverged, else what went wrong."""
+        """Train one run, then (--dropout-gap) score its checkpoints; None, or what went wrong."""
         folder = RunFolder(self.study.run_folder(config, seed))
         error = None if folder.finished() else self.train(folder, config, seed)
         if error is None and self.study.dropout_gap and not self.stopping:
@@ -119,20 +112,15 @@ class Runner:
         return None
 
     def take_slot(self, name):
-        """One of the --jobs slots of the study's --out (a locked file in OUT/slots), held while the
-        run trains: every quality.py training into that --out takes one, so two studies run there
-        side by side train --jobs runs between them. Waits for one; None if a stop comes first."""
+        """One of --out's --jobs slots (a locked file in OUT/slots, shared by the studies training
+        there), held while the run trains; None if a stop comes first."""
         slots = self.study.out / "slots"
         slots.mkdir(parents=True, exist_ok=True)
         said = False
         while not self.stopping:
             for number in range(self.study.jobs):
-                handle = open(slots / str(number), "w")
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if handle := try_lock(slots / str(number)):
                     return handle
-                except BlockingIOError:
-                    handle.close()
             if not said:
                 say(f"{name} waits: {self.study.jobs} runs train in {self.study.out} (another study trains there)")
                 said = True
@@ -140,10 +128,8 @@ class Runner:
         return None
 
     def wait_watching(self, process, folder, name):
-        """Wait for the recipe, reading its training log every WATCH_S seconds: a run that diverges
-        is stopped at once (its process group), and each epoch it ends is said in one line, in the
-        words of its row in the study's status (status.training_words). Returns the exit status and
-        where it diverged."""
+        """Wait for the recipe, reading its log every WATCH_S seconds: stopped at once if it diverges,
+        each epoch said as --status says it. Its exit status and where it diverged."""
         said = folder.progress().epochs  # a resumed run's epochs so far were said by the attempts before
         per_epoch = recipe.counted_updates_per_epoch(self.data_dir)
         while True:
@@ -168,9 +154,8 @@ class Runner:
 
 
 def record_dropout_gap(folder, jobs):
-    """The validation loss of a finished run's kept checkpoints with dropout off and on, into its
-    dropout-gap record by dropout_gap.py (once: a record that exists is whole); what went wrong, or
-    None. A run with no checkpoint left (a diverged run stopped before its first epoch ended) has none."""
+    """dropout_gap.py on a finished run's checkpoints, once (a record that exists is whole); what
+    went wrong, or None."""
     if folder.dropout_gap_file.exists() or not folder.checkpoints():
         return None
     say(f"dropout gap: {folder.path}")

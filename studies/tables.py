@@ -16,10 +16,15 @@ def cell(values, digits=2, scale=1.0):
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
+def markdown(headings, rows):
+    """A Markdown table's lines: its headings, its rule, a line per row of cells."""
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in [headings, *rows]]
+    return [lines[0], "|" + "---|" * len(headings), *lines[1:]]
+
+
 def score_columns(name, published):
-    """The table's score columns for test set *name*: (heading, the cell's number from a score, or
-    None); the published recipe's put the literature's BLEU first, and its distance to the
-    published number."""
+    """The score columns for test set *name*: (heading, a score's number); the published recipe's
+    put the literature's BLEU first, and its distance to the published number."""
     if not published:
         return [
             ("sacreBLEU", lambda s: s["sacrebleu"]),
@@ -35,41 +40,33 @@ def score_columns(name, published):
     ]
 
 
-def table(runs, labels, comparisons_found, title, across_seeds=()):
-    """The study as Markdown: one table per test set (mean ± std over seeds), then the comparisons
-    seed by seed and across seeds. A study of the published recipe compares on the literature's
-    BLEU, and says why each run stopped."""
+def table(record, title, comparisons_found, across_seeds=()):
+    """A study's runs compared (StudyRecord.scored): per test set the mean ± std over seeds, then the
+    comparisons seed by seed and across seeds (the published recipe's on the literature's BLEU)."""
     lines = [title, ""]
-    runs = [r for r in runs if not r.get("diverged")]  # listed by sweep_table
-    names = list(runs[0]["test_sets"]) if runs else []
-    with_val = any("val" in r for r in runs)  # validation sacreBLEU: runs since the recipe scores it
-    published = any("bleu_tok" in score for r in runs for score in r["test_sets"].values())
+    runs = record.scored  # the diverged: listed by sweep_table
+    labels = dict.fromkeys(r.label for r in runs)
+    with_val = any(r.val is not None for r in runs)  # validation sacreBLEU: runs since the recipe scores it
+    published = any("bleu_tok" in score for r in runs for score in r.test_sets.values())
     metric = "the literature's BLEU" if published else "sacreBLEU"
-    for name in names:
+    for name in runs[0].test_sets if runs else []:
         columns = score_columns(name, published)
         headings = [heading for heading, _ in columns] + ["best valid loss", "updates"]
         headings += ["epochs", "stopped by"] if published else []
         headings += ["wall (min)", "tokens/s"] + (["val BLEU"] if with_val else [])
-        lines += [
-            f"**{name}** (mean ± sample std over seeds)",
-            "",
-            "| variant | seeds | " + " | ".join(headings) + " |",
-            "|---|---|" + "---|" * len(headings),
-        ]
+        rows = []
         for label in labels:
-            mine = [r for r in runs if r["label"] == label]
-            if not mine:
-                continue
-            scores = [r["test_sets"][name] for r in mine]
-            cells = [cell([number(s) for s in scores]) for _, number in columns]
-            cells += [cell([r["best_valid_loss"] for r in mine], 3), cell([r["updates"] for r in mine], 0)]
+            mine = [r for r in runs if r.label == label]
+            cells = [cell([number(r.test_sets[name]) for r in mine]) for _, number in columns]
+            cells += [cell([r.best_valid_loss for r in mine], 3), cell([r.updates for r in mine], 0)]
             if published:
-                cells += [cell([r["epochs"] for r in mine], 0), ", ".join(r.get("stopped_by", "—") for r in mine)]
-            cells += [cell([r["wall_s"] for r in mine], 1, 1 / 60), cell([r["tokens_per_s"] for r in mine], 0)]
+                cells += [cell([r.epochs for r in mine], 0), ", ".join(r.stopped_by or "—" for r in mine)]
+            cells += [cell([r.wall_s for r in mine], 1, 1 / 60), cell([r.tokens_per_s for r in mine], 0)]
             if with_val:
-                cells.append(cell([primary(r["val"]) if "val" in r else None for r in mine]))
-            lines.append(f"| {label} | {','.join(str(r['seed']) for r in mine)} | " + " | ".join(cells) + " |")
-        first = scores[0]
+                cells.append(cell([primary(r.val) if r.val is not None else None for r in mine]))
+            rows.append([label, ",".join(str(r.seed) for r in mine), *cells])
+        lines += [f"**{name}** (mean ± sample std over seeds)", "", *markdown(["variant", "seeds", *headings], rows)]
+        first = mine[0].test_sets[name]
         signatures = (
             f"the literature's BLEU: {first['bleu_tok_signature']}; sacreBLEU: {first['signature']}; "
             f"chrF: {first['chrf_signature']}"
@@ -79,93 +76,77 @@ def table(runs, labels, comparisons_found, title, across_seeds=()):
         )
         lines += ["", signatures, ""]
     if comparisons_found:
-        lines += [
-            f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), {metric} of a minus b, seed by seed:",
-            "",
-            "| a | b | test set | seed | Δ BLEU | p-value |",
-            "|---|---|---|---|---|---|",
+        bootstrap = f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), {metric} of a minus b"
+        rows = [
+            [c["a"], c["b"], c["test_set"], c["seed"], f"{c['delta']:+.2f}", f"{c['p_value']:.3f}"]
+            for c in comparisons_found
         ]
-        for c in comparisons_found:
-            lines.append(
-                f"| {c['a']} | {c['b']} | {c['test_set']} | {c['seed']} | {c['delta']:+.2f} | {c['p_value']:.3f} |"
-            )
+        lines += [
+            f"{bootstrap}, seed by seed:",
+            "",
+            *markdown(["a", "b", "test set", "seed", "Δ BLEU", "p-value"], rows),
+        ]
     if across_seeds:
         lines += [
             "",
             f"Across seeds: difference of the {metric} means, a minus b, and its exact permutation test "
             "(every split of the seeds' scores into the two groups):",
             "",
-            "| a | b | test set | seeds | Δ mean BLEU | p-value | splits |",
-            "|---|---|---|---|---|---|---|",
         ]
-        for c in across_seeds:
-            seeds = f"{','.join(map(str, c['seeds_a']))} / {','.join(map(str, c['seeds_b']))}"
-            lines.append(
-                f"| {c['a']} | {c['b']} | {c['test_set']} | {seeds} | {c['delta_mean']:+.2f} "
-                f"| {c['p_value']:.3f} | {c['splits']} |"
-            )
+        rows = [
+            [c["a"], c["b"], c["test_set"], " / ".join(",".join(map(str, c[k])) for k in ("seeds_a", "seeds_b"))]
+            + [f"{c['delta_mean']:+.2f}", f"{c['p_value']:.3f}", c["splits"]]
+            for c in across_seeds
+        ]
+        lines += markdown(["a", "b", "test set", "seeds", "Δ mean BLEU", "p-value", "splits"], rows)
     return "\n".join(lines)
 
 
 def last_gap(run):
-    """The last checkpoint the run's dropout-gap record scored (the averaged one, which translates,
-    when it has one), as "off / on (checkpoint)"; "—" without a record."""
-    rows = (run.get("dropout_gap") or {}).get("rows")
+    """The last checkpoint its dropout-gap record scored (the averaged one, when made) as "off / on
+    (checkpoint)"; "—" without one."""
+    rows = (run.dropout_gap or {}).get("rows") if run else None
     if not rows:
         return "—"
-    row = rows[-1]
-    epoch = row["checkpoint"].removeprefix("checkpoint").removesuffix(".pt")
+    epoch = rows[-1]["checkpoint"].removeprefix("checkpoint").removesuffix(".pt")
     name = "averaged" if epoch == "_avg" else f"epoch {epoch}"
-    return f"{row['dropout_off']:.3f} / {row['dropout_on']:.3f} ({name})"
+    return f"{rows[-1]['dropout_off']:.3f} / {rows[-1]['dropout_on']:.3f} ({name})"
 
 
-def sweep_table(runs, variants, lrs, what, best=None):
-    """A learning-rate sweep as Markdown: per variant and rate (*lrs*, and any other its runs have),
-    the first seed's validation and test sacreBLEU and best validation loss, or where it diverged;
-    each variant's best rate marked."""
-    test_names = next((list(r["test_sets"]) for r in runs if r["test_sets"]), [])
-    seed = min(r["seed"] for r in runs)
-    gaps = any(r.get("dropout_gap") for r in runs)  # studies/quality.py --dropout-gap
-    lines = [
-        f"{what}",
-        "",
-        f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):",
-        "",
-        "| variant | peak lr | val BLEU | "
-        + " | ".join(f"{name} BLEU" for name in test_names)
-        + " | best valid loss | updates |"
-        + (" last checkpoint: valid loss, dropout off / on |" if gaps else ""),
-        "|---|---|---|" + "---|" * len(test_names) + "---|---|" + ("---|" if gaps else ""),
-    ]
-    by_key = {(r["variant"], r["lr"], r["seed"]): r for r in runs}
-    for variant in variants:
-        for lr in sorted({*lrs, *(r["lr"] for r in runs if r["variant"] == variant)}):  # and --widen's
-            r = by_key.get((variant, lr, seed))
-            star = " ★" if best and best.get(variant) == lr else ""
+def sweep_table(record):
+    """A learning-rate sweep: per variant and rate, the first seed's validation and test sacreBLEU and
+    best validation loss, or where it diverged; each variant's best rate marked."""
+    runs, best, test_names = record.runs, record.best, record.test_names
+    seed = min(r.seed for r in runs)
+    gaps = any(r.dropout_gap for r in runs)  # studies/quality.py --dropout-gap
+    headings = ["variant", "peak lr", "val BLEU", *(f"{name} BLEU" for name in test_names), "best valid loss"]
+    headings += ["updates"] + (["last checkpoint: valid loss, dropout off / on"] if gaps else [])
+    rows = []
+    for variant in record.settings.variants:
+        for lr in sorted({*record.settings.lrs, *(r.lr for r in runs if r.variant == variant)}):  # and --widen's
+            r = record.run(variant, lr, seed)
             if r is None:
                 cells = ["not finished yet"] + ["—"] * len(test_names) + ["—", "—"]
-            elif r.get("diverged"):
-                where = r["diverged"]
-                cells = (
-                    [f"diverged at update {where['update']}"] + ["—"] * len(test_names) + ["—", str(where["update"])]
-                )
+            elif r.diverged:
+                update = r.diverged["update"]
+                cells = [f"diverged at update {update}"] + ["—"] * len(test_names) + ["—", str(update)]
             else:
                 cells = (
-                    [f"{r['val']['sacrebleu']:.2f}" if "val" in r else "—"]
-                    + [f"{r['test_sets'][name]['sacrebleu']:.2f}" for name in test_names]
-                    + [f"{r['best_valid_loss']:.3f}" if r["best_valid_loss"] is not None else "—", str(r["updates"])]
+                    [f"{r.val['sacrebleu']:.2f}" if r.val is not None else "—"]
+                    + [f"{r.test_sets[name]['sacrebleu']:.2f}" for name in test_names]
+                    + [f"{r.best_valid_loss:.3f}" if r.best_valid_loss is not None else "—", str(r.updates)]
                 )
-            if gaps:
-                cells.append(last_gap(r) if r else "—")
-            lines.append(f"| {variant}{star} | {lr:g} | " + " | ".join(cells) + " |")
-    diverged = [r for r in runs if r.get("diverged")]
+            star = " ★" if best.get(variant) == lr else ""
+            rows.append([f"{variant}{star}", f"{lr:g}", *cells, *([last_gap(r)] if gaps else [])])
+    intro = f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):"
+    lines = [record.what, "", intro, "", *markdown(headings, rows)]
+    diverged = [r for r in runs if r.diverged]
     if diverged:
         lines += [
             "",
             "Diverged (stopped there, not retried): "
             + "; ".join(
-                f"{r['variant']} lr={r['lr']:g} seed {r['seed']} at update {r['diverged']['update']} "
-                f"({r['diverged']['reason']})"
+                f"{r.variant} lr={r.lr:g} seed {r.seed} at update {r.diverged['update']} ({r.diverged['reason']})"
                 for r in diverged
             ),
         ]

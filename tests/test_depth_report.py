@@ -8,7 +8,7 @@ from pathlib import Path
 
 from studies import depth_report
 from studies.figures import variant_colours
-from studies.study import StudyRecord
+from studies.study import Settings, StudyRecord
 
 from .helpers import REPO
 
@@ -186,25 +186,25 @@ def test_a_new_study_joins_its_depth_and_a_variant_comes_from_the_study_with_mos
     assert names == ["sweep", "admin-again", "deep", "streams", "deep-longer-warm-up"]  # another warm-up last
 
     four = depth_report.one_study_each([p for p in found if p.layers == 4])
-    assert [(p.path.name.split("-")[2], p.settings["variants"]) for p in four] == [
+    assert [(p.path.name.split("-")[2], p.settings.variants) for p in four] == [
         ("sweep", ["pre-ln", "admin"]),
         ("streams", ["pre-ln-hyper-connections"]),
     ]
     merged = StudyRecord.merged(four)
-    assert sorted((r["variant"], r["test_sets"][TEST_SET]["sacrebleu"]) for r in merged.compared) == [
+    assert sorted((r.variant, r.test_sets[TEST_SET]["sacrebleu"]) for r in merged.compared) == [
         ("admin", 37.0),
         ("pre-ln", 36.0),
         ("pre-ln-hyper-connections", 36.5),
     ]
     eighteen = StudyRecord.merged(depth_report.one_study_each([p for p in found if p.layers == 18]))
-    assert eighteen.settings["variants"] == ["pre-ln", "pre-ln, warm-up 1600"]
+    assert eighteen.settings.variants == ["pre-ln", "pre-ln, warm-up 1600"]
 
 
 def test_the_figure_names_every_machine_the_studies_ran_on():
     what = "Multi30k en→de test_2016_flickr, d=128; AMD EPYC VM, 2 cores; float32"
 
     def study(layers, machine):
-        return StudyRecord({"settings": {"layers": layers}, "runs": [], "machine": machine})
+        return StudyRecord(Settings(layers=layers), [], machine=machine)
 
     one = [study(4, "AMD EPYC VM, 2 cores"), study(12, "AMD EPYC VM, 2 cores")]
     assert depth_report.machines(what, one) == what
@@ -252,7 +252,7 @@ def test_a_study_of_the_same_depth_with_another_warm_up_is_its_own_variant_not_m
     out = _report(capsys, *studies, "--figure", tmp_path / "depth.png")
     assert f"| deepnorm | 1,2,3 | {_mean_cell([2.0, 3.0, 36.0])} |" in out
     assert f"| deepnorm, warm-up 1600 | 1,2,3 | {_mean_cell([35.0, 36.0, 37.0])} |" in out
-    merged = StudyRecord.merged([depth_report.load(path, tmp_path) for path in studies])
+    merged = StudyRecord.merged([StudyRecord.load(path, tmp_path) for path in studies])
     lines = {variant: found for variant, [(_, found, _)], _ in depth_report.figure_lines([merged], TEST_SET)}
     assert lines == {"pre-ln": [37.0, 38.0, 39.0], "deepnorm": [36.0], "deepnorm, warm-up 1600": [35.0, 36.0, 37.0]}
 
@@ -262,15 +262,13 @@ def test_the_figure_names_a_variant_that_trained_at_no_depth(tmp_path):
     draws no point of it but names it in the legend, as it names the depths where another failed."""
     shallow = {"post-ln": {1: 36.0, 2: 37.0}, "admin": {1: 37.0, 2: 38.0}}
     deep = {"post-ln": {1: 1.5, 2: 2.5}, "admin": {1: 35.0, 2: 34.0}, "deepnorm": {1: 2.0, 2: 2.6}}
-    studies = [
-        depth_report.load(_study(tmp_path / str(n), n, bleu), tmp_path) for n, bleu in ((4, shallow), (18, deep))
-    ]
+    studies = [StudyRecord.load(_study(tmp_path / str(n), n, bleu), tmp_path) for n, bleu in ((4, shallow), (18, deep))]
     assert depth_report.figure_lines(studies, TEST_SET) == [
         ("post-ln", [(4, [36.0, 37.0], True)], "post-ln (not drawn at 18+18: 2.0 BLEU: it did not train)"),
         ("admin", [(4, [37.0, 38.0], True), (18, [35.0, 34.0], True)], "admin"),
         ("deepnorm", [], "deepnorm (not drawn at 18+18: 2.3 BLEU: it did not train)"),
     ]
-    assert depth_report.depth_figure(studies, TEST_SET, tmp_path / "depth.png", "m").stat().st_size > 10_000
+    assert depth_report.depth_figure(studies, tmp_path / "depth.png").stat().st_size > 10_000
 
 
 def test_a_seed_that_did_not_train_is_named_not_drawn_nor_averaged_into_the_drawn_mean(tmp_path):
@@ -279,15 +277,13 @@ def test_a_seed_that_did_not_train_is_named_not_drawn_nor_averaged_into_the_draw
     that depth (a mean of 2 and 34 stands for no run), while its 4+4 mean still is."""
     shallow = {"admin": {1: 37.0, 2: 38.0}, "deepnorm": {1: 35.0, 2: 36.0}}
     deep = {"admin": {1: 35.0, 2: 34.0, 3: 36.0}, "deepnorm": {1: 2.35, 2: 1.56, 3: 34.0}}
-    studies = [
-        depth_report.load(_study(tmp_path / str(n), n, bleu), tmp_path) for n, bleu in ((4, shallow), (18, deep))
-    ]
+    studies = [StudyRecord.load(_study(tmp_path / str(n), n, bleu), tmp_path) for n, bleu in ((4, shallow), (18, deep))]
     assert depth_report.figure_lines(studies, TEST_SET)[1] == (
         "deepnorm",
         [(4, [35.0, 36.0], True), (18, [34.0], False)],
         "deepnorm (at 18+18, 2 of 3 seeds did not train: 2.4 and 1.6 BLEU, not drawn; mean of all 3: 12.6)",
     )
-    assert depth_report.depth_figure(studies, TEST_SET, tmp_path / "depth.png", "m").stat().st_size > 10_000
+    assert depth_report.depth_figure(studies, tmp_path / "depth.png").stat().st_size > 10_000
 
 
 def test_the_figure_says_which_dots_are_at_the_one_rate_a_variant_ran(tmp_path):
@@ -301,7 +297,7 @@ def test_the_figure_says_which_dots_are_at_the_one_rate_a_variant_ran(tmp_path):
     sweep_path.write_text(json.dumps(sweep))
     probe_path = _study(tmp_path / "b", 4, {"deepnorm": {1: 35.7}})
     started_path = _study(tmp_path / "c", 4, {"pre-ln-realformer": {1: 36.3}}, lrs=[2e-3, 1e-3, 4e-3], widen=True)
-    group = [depth_report.load(path, tmp_path) for path in (sweep_path, probe_path, started_path)]
+    group = [StudyRecord.load(path, tmp_path) for path in (sweep_path, probe_path, started_path)]
     assert depth_report.one_rate([StudyRecord.merged(group)]) == ["deepnorm at 4+4 (0.002)"]
     assert depth_report.figure_lines([StudyRecord.merged(group)], TEST_SET)[-1][0] == "deepnorm"
 

@@ -14,6 +14,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from common import repo
 from studies import quality, recipe, tables
 from studies import study as study_module
+from studies.study import StudyRecord
 
 from .cli import load_script, run
 from .helpers import REPO
@@ -257,5 +258,4 @@ def _load_quality(monkeypatch, tmp_path):
 
 
 def quality_table(quality, study):
-    labels = [r["label"] for r in study["runs"]]
-    return tables.table(study["runs"], labels, study["comparisons"], "title")
+    return tables.table(StudyRecord.from_json(study), "title", study["comparisons"])

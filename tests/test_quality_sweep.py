@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 
 from common import fairseq_log, results
 from studies import figures, quality, recipe, supervise, tables
-from studies.runs import RunFolder
+from studies.runs import Run, RunFolder
 from studies.study import StudyRecord
 
 from .cli import popen
@@ -209,14 +210,15 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
             }
         )
     )
-    runs = args.record().runs
-    assert [row["checkpoint"] for row in runs[0]["dropout_gap"]["rows"]] == [
+    record = args.record()
+    runs = record.runs
+    assert [row["checkpoint"] for row in runs[0].dropout_gap["rows"]] == [
         "checkpoint1.pt",
         "checkpoint2.pt",
         "checkpoint_avg.pt",
     ]
-    assert all("dropout_gap" not in r for r in runs[1:])
-    assert [(r["label"], r["seed"], bool(r.get("diverged"))) for r in runs] == [
+    assert all(r.dropout_gap is None for r in runs[1:])
+    assert [(r.label, r.seed, bool(r.diverged)) for r in runs] == [
         ("post-ln lr=0.001", 1, False),
         ("post-ln lr=0.002", 1, False),
         ("post-ln lr=0.002", 2, False),
@@ -225,41 +227,37 @@ def test_a_sweep_stops_a_diverging_run_and_trains_more_seeds_at_each_variants_be
         ("realformer lr=0.002", 1, True),
     ]
     assert (
-        runs[1]["val"]["sacrebleu"] == 100.0
-        and runs[1]["val"]["chrf"] == pytest.approx(100.0)
-        and runs[0]["val"]["chrf"] < 100
+        runs[1].val["sacrebleu"] == 100.0 and runs[1].val["chrf"] == pytest.approx(100.0) and runs[0].val["chrf"] < 100
     )
 
-    table = tables.sweep_table(runs, args.variants, args.lrs, "what", {"post-ln": 2e-3, "realformer": 1e-3})
+    table = tables.sweep_table(record)
     assert "| realformer | 0.002 | diverged at update 200 |" in table and "| post-ln ★ | 0.002 | " in table
     assert "| last checkpoint: valid loss, dropout off / on |" in table.splitlines()[4]
     assert table.splitlines()[6].endswith("| 10.900 / 6.700 (averaged) |")  # post-ln 1e-3: its record's last row
     assert table.splitlines()[7].endswith("| 264 | — |")  # post-ln 2e-3 has none
-    no_gaps = tables.sweep_table(runs[1:], args.variants, args.lrs, "what")
+    no_gaps = tables.sweep_table(replace(record, runs=runs[1:]))
     assert "dropout" not in no_gaps  # a study without --dropout-gap: the table it always had
-    study = StudyRecord({"settings": args.settings(), "runs": runs, "best": {"post-ln": 2e-3, "realformer": 1e-3}})
-    assert [(r["label"], r["seed"]) for r in study.compared] == [
+    assert [(r.label, r.seed) for r in record.compared] == [
         ("post-ln lr=0.002", 1),
         ("post-ln lr=0.002", 2),
         ("realformer lr=0.001", 1),
         ("realformer lr=0.001", 2),
     ]
-    assert figures.sweep_figure(runs, args.variants, args.lrs, tmp_path / "fig", "s", "what").stat().st_size > 10_000
+    assert figures.sweep_figure(record, tmp_path / "fig", "s").stat().st_size > 10_000
     # the depth figure: this sweep's lines named by their depth, another sweep's dashed beside them
-    test_set = next(iter(runs[0]["test_sets"]))
-    shallow = [r for r in runs if r["variant"] == "post-ln" and r["seed"] == 1]
-    lines = figures.sweep_lines([(runs, "-", "12+12 layers"), (shallow, "--", "4+4 layers")], args.variants, test_set)
+    test_set = record.test_names[0]
+    deep = replace(record, settings=replace(record.settings, layers=12))
+    shallow = replace(record, settings=replace(record.settings, layers=4))
+    shallow.runs = [r for r in runs if r.variant == "post-ln" and r.seed == 1]
+    lines = figures.sweep_lines([deep, shallow], test_set)
     assert [(x["label"], x["style"], x["lr"], x["diverged"]) for x in lines] == [
         ("post-ln (12+12 layers)", "-", [1e-3, 2e-3], []),
         ("realformer (12+12 layers)", "-", [1e-3], [(2e-3, 200)]),
         ("post-ln (4+4 layers)", "--", [1e-3, 2e-3], []),
         ("realformer (4+4 layers)", "--", [], []),
     ]
-    assert lines[0]["bleu"] == [r["test_sets"][test_set]["sacrebleu"] for r in shallow]
-    depth = figures.sweep_figure(
-        runs, args.variants, args.lrs, tmp_path / "fig", "d", "what", (shallow, "4+4 layers"), "12+12 layers"
-    )
-    assert depth.stat().st_size > 10_000
+    assert lines[0]["bleu"] == [r.test_sets[test_set]["sacrebleu"] for r in shallow.runs]
+    assert figures.sweep_figure(deep, tmp_path / "fig", "d", shallow).stat().st_size > 10_000
 
 
 def test_the_description_names_the_depth_that_was_trained(tmp_path):
@@ -367,14 +365,11 @@ def test_best_variants_alone_get_the_further_seeds_at_their_best_rate(tmp_path, 
     )
     val = {("post-ln", 2e-3): 30.0, ("post-ln", 4e-3): 31.0, ("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0}
     val.update({("admin", 2e-3): 37.0, ("admin", 4e-3): 34.0})
-    runs = [
-        {"variant": c.variant, "lr": c.lr, "label": c.label, "seed": 1, "val": {"sacrebleu": val[c.variant, c.lr]}}
-        for c in args.configs
-    ]
+    runs = [Run(c.variant, c.lr, c.label, 1, val={"sacrebleu": val[c.variant, c.lr]}) for c in args.configs]
     trained = []
     monkeypatch.setattr(supervise, "Runner", _recording_runner(trained))
     args.jobs = 1
-    supervise.run_all(args, data, StudyRecord({"settings": args.settings(), "runs": runs}))
+    supervise.run_all(args, data, StudyRecord(args.settings(), runs))
     assert trained == [("pre-ln lr=0.004", 2), ("admin lr=0.002", 2), ("pre-ln lr=0.004", 3), ("admin lr=0.002", 3)]
 
 
@@ -464,11 +459,11 @@ def test_a_sweep_takes_a_single_rate_studys_runs_as_its_own_at_that_rate(tmp_pat
     ]
     study = tmp_path / "study.json"
     settings = _parse([*single, "--lr", "2e-3"]).settings()
-    study.write_text(json.dumps({"settings": settings, "runs": runs, "machine": "VM A"}))
+    study.write_text(json.dumps({"settings": settings.to_json(), "runs": runs, "machine": "VM A"}))
     sweep = _parse([*single, "--lr", "1e-3,2e-3", "--best-seeds", "2,3", "--json", str(study)])
     previous = sweep.previous()
     taken = sweep.record(previous).runs
-    assert [(r["label"], r["seed"]) for r in taken] == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
+    assert [(r.label, r.seed) for r in taken] == [("admin lr=0.002", 1), ("realformer lr=0.002", 1)]
     assert sweep.machines(previous) == f"VM A; later runs: {sweep.machine}"  # where its runs trained, and these
     sweep.machine = "VM A"
     assert sweep.machines(previous) == "VM A"
@@ -528,11 +523,12 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
     quality, data, args = _sweep(tmp_path, "--best-seeds", "2,3", "--variants", "pre-ln,deepnorm", "--widen")
     val = {("pre-ln", 2e-3): 35.0, ("pre-ln", 4e-3): 36.0, ("pre-ln", 8e-3): 37.0}
     val.update({("deepnorm", 1e-3): 35.0, ("deepnorm", 2e-3): 36.0, ("deepnorm", 4e-3): 34.0})
-    previous = StudyRecord({"settings": args.settings(), "runs": []})
+    previous = StudyRecord(args.settings(), [])
 
     def record(config, seed):
-        run = {"variant": config.variant, "lr": config.lr, "label": config.label, "seed": seed}
-        previous.runs.append({**run, "val": {"sacrebleu": val[config.variant, config.lr]}})
+        previous.runs.append(
+            Run(config.variant, config.lr, config.label, seed, val={"sacrebleu": val[config.variant, config.lr]})
+        )
 
     for config in args.configs:
         record(config, 1)
@@ -547,7 +543,7 @@ def test_widen_trains_the_rate_beyond_an_edge_and_chooses_among_the_three(tmp_pa
         [("pre-ln lr=0.008", s) for s in (2, 3)] + [("deepnorm lr=0.002", s) for s in (2, 3)]
     )
     assert args.record(previous).best == {"pre-ln": 8e-3, "deepnorm": 2e-3}
-    assert args.settings()["widen"] is True and args.settings()["lrs"] == [2e-3, 4e-3]
+    assert args.settings().to_json()["widen"] is True and args.settings().lrs == [2e-3, 4e-3]
 
 
 # the last commit before the studies left benchmarks/ (issue 71): run folders it made must resume
@@ -702,7 +698,7 @@ def test_a_study_writes_its_json_after_each_run_not_only_the_first(tmp_path):
         run = {"variant": variant, "lr": study.lrs[0], "label": study.labels[0 if variant == "admin" else 1], "seed": 1}
         run.update(folder=f"{variant}/seed1", best_valid_loss=4.4, updates=2640, wall_s=60.0, tokens_per_s=900.0)
         runs.append({**run, "test_sets": {"test_2016_flickr": score}})
-    study_json.write_text(json.dumps({"settings": study.settings(), "runs": runs, "machine": "VM A"}))
+    study_json.write_text(json.dumps({"settings": study.settings().to_json(), "runs": runs, "machine": "VM A"}))
     record = study.record(study.previous())
     quality.report(study, outputs, [], record, show=False)  # after the first run that finishes
     first = json.loads(study_json.read_text())

@@ -17,8 +17,8 @@ import torch
 from common.host import cpu_model
 from fairseq_realformer.files.checkpoints import read_checkpoint as load_checkpoint
 from studies import quality, recipe, scoring
-from studies.runs import RunFolder
-from studies.study import StudyRecord, scored_sets
+from studies.runs import Run, RunFolder
+from studies.study import StudyRecord
 
 from .cli import N_TEST, SCRIPTS, cli_error, load_script, popen, run
 from .helpers import REPO, build_model, parse_args
@@ -893,7 +893,7 @@ def test_the_permutation_test_across_seeds_counts_every_split_of_the_seeds():
     # a = {3, 1}, b = {2, 0}: |Δ| = 1; splits {3,2}|{1,0} (2), {3,1}|{2,0} (1), {3,0}|{2,1} (0) and mirrors
     assert scoring.permutation_test([3.0, 1.0], [2.0, 0.0]) == pytest.approx((1.0, 4 / 6, 6))
     runs = [
-        {"variant": v, "seed": seed, "test_sets": {"t": {"sacrebleu": bleu}}}
+        Run(v, None, v, seed, test_sets={"t": {"sacrebleu": bleu}})
         for v, scores in (("realformer", (36.0, 36.5, 37.0)), ("admin", (35.0, 35.2, 35.4)), ("post-ln", (36.0,)))
         for seed, bleu in zip((1, 2, 3), scores)
     ]
@@ -930,7 +930,7 @@ def test_the_committed_quality_studies_rescore_from_their_translations(path):
         and study["command"].startswith("python studies/quality.py")
     )
     for r in study["runs"]:
-        for name, reported in scored_sets(r).items():  # the test sets, and the validation set when scored
+        for name, reported in Run(**r).scored_sets.items():  # the test sets, and the validation set when scored
             with gzip.open(Path(REPO) / reported["translations"], "rt", encoding="utf-8") as f:
                 hypotheses = f.read().splitlines()
             with gzip.open(MULTI30K / f"{name}.de.gz", "rt", encoding="utf-8") as f:
@@ -950,8 +950,9 @@ def test_the_committed_quality_studies_across_seed_tests_follow_from_their_score
     learning-rate sweep, of each variant at its best rate, chosen again from its runs by the rule
     the runner follows; none where it chose none)."""
     study = json.loads(path.read_text())
-    assert StudyRecord(study).best == study.get("best", {})
-    assert study.get("seed_comparisons", []) == scoring.seed_comparisons(StudyRecord(study).compared)
+    record = StudyRecord.from_json(study)
+    assert record.best == study.get("best", {})
+    assert study.get("seed_comparisons", []) == scoring.seed_comparisons(record.compared)
 
 
 @pytest.mark.parametrize("path", COMMITTED_STUDIES, ids=lambda path: path.stem)

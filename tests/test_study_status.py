@@ -69,7 +69,7 @@ def study(tmp_path, monkeypatch):
     config = {(c.variant, c.lr): c for c in plan.configs}
     committed = {"variant": "post-ln", "lr": 1e-3, "label": "post-ln lr=0.001", "seed": 1, "test_sets": {}}
     committed["val"] = {"sacrebleu": 30.0, "reference": "val.de"}
-    (tmp_path / "study.json").write_text(json.dumps({"settings": plan.settings(), "runs": [committed]}))
+    (tmp_path / "study.json").write_text(json.dumps({"settings": plan.settings().to_json(), "runs": [committed]}))
 
     finished = RunFolder(plan.run_folder(config["post-ln", 2e-3], 1))
     finished.path.mkdir(parents=True)
