@@ -1,8 +1,11 @@
-"""What the checkpoint diagnostics (dropout_gap.py, source_use.py) share: their command line's
-checkpoints and data, loading a checkpoint with its task and criterion, and the subset's batches in
-a fixed order. Bad input is an ``InputError``, said in one line by the script."""
+"""What the depth-study tools share: the checkpoint diagnostics' (dropout_gap.py, source_use.py)
+command line, loading a checkpoint with its task and criterion, a training's task built from its
+fairseq-train flags, and a subset's batches in a fixed order. Bad input is an ``InputError``, said
+in one line by the script (``exit_on_input_error``)."""
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
 
 from common.repo import USER_DIR, import_fairseq_quietly
@@ -13,12 +16,25 @@ class InputError(Exception):
     """Bad input, said in one line."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The run folders or checkpoints to score, their data, the subset and the batch size."""
+@contextlib.contextmanager
+def exit_on_input_error(prog):
+    """An InputError inside as *prog*'s one-line error, with argparse's status for bad input (2)."""
+    try:
+        yield
+    except InputError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parser(prog, doc) -> argparse.ArgumentParser:
+    """The diagnostics' parser: the run folders or checkpoints to score, their data, the subset and
+    the batch size."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="RUN_OR_CHECKPOINT", help="quality.py run folders or checkpoint files")
     p.add_argument("--data", help="binarised data folder (default: a run folder's bin/)")
     p.add_argument("--subset", default="valid", help="the split to score (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: %(default)s)")
+    return p
 
 
 def checkpoints_of(path: Path, data, average_only=False):
@@ -65,6 +81,19 @@ def load(checkpoint, data, subset: str):
         raise InputError(f"{checkpoint} on {data} (--subset {subset}): {type(e).__name__}: {first}") from None
     updates = (state.get("optimizer_history") or [{}])[-1].get("num_updates")
     return models[0], task, task.build_criterion(cfg.criterion), updates, cfg
+
+
+def training_task(flags, *subsets):
+    """(fairseq cfg, task) of fairseq-train's *flags*, with the training data and *subsets* loaded."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset(cfg.dataset.train_subset, epoch=1, combine=True)
+    for subset in subsets:
+        task.load_dataset(subset, epoch=1, combine=False)
+    return cfg, task
 
 
 def batches(model, task, subset: str, max_tokens: int, seed: int = 1):

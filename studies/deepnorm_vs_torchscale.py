@@ -1,46 +1,34 @@
 """Is DeepNorm's collapse the plugin's or the method's? The plugin's ``--backbone deepnorm`` model
-and torchscale's (the DeepNet authors' library) ``EncoderDecoder(deepnorm=True)``, built at one size
-from the same initial weights and checked to compute the same forward pass, trained side by side on
-the same Multi30k batches with the same optimizer, schedule, loss and dropout masks, and measured
-every few updates as studies/source_use.py measures a checkpoint.
+and torchscale's (the DeepNet authors' library) ``EncoderDecoder(deepnorm=True)``, from the same
+initial weights and checked to compute the same forward pass, trained side by side on the same
+batches with the same optimizer, schedule, loss and dropout masks, measured every few updates.
 
     pip install --no-deps torchscale fairscale==0.4.0   # a study tool, not a requirement (see below)
-    pip uninstall -y torchscale fairscale               # after: see below
     python studies/deepnorm_vs_torchscale.py --check-only                 # the forward passes only
     python studies/deepnorm_vs_torchscale.py                              # 4+4, lr 2e-3, seed 1, 660 updates
     python studies/deepnorm_vs_torchscale.py --layers 18 --lr 1e-3 --updates 200
     python studies/deepnorm_vs_torchscale.py --arms plugin,torchscale,torchscale-own-init
+    pip uninstall -y torchscale fairscale               # after: see below
 
-The plugin's model: fairseq's parser given the study's fairseq-train flags (examples/multi30k/
-run.sh's, common/presets.py's "cpu" preset, ``--residual-attention-paths none --backbone
-deepnorm``), from --seed, on --data. torchscale's takes fairseq's token embedding (shared by
-encoder, decoder and output, as --share-all-embeddings) and sinusoidal positions, with the settings
-of torchscale's fairseq example (examples/fairseq/models/machine_translation.py): embeddings scaled
-by √d (``no_scale_embedding=False``; the config's default is True), ReLU, the padding masks handed
-to encoder and decoder (``EncoderDecoder.forward`` hands neither). The plugin's initial weights,
-whose training collapsed, are copied into it parameter for parameter (a layer's ``fc1``/``fc2`` are
-``ffn.fc1``/``ffn.fc2`` there): any difference in training is one of structure, not of the draw.
-``torchscale-own-init`` adds torchscale's model with its own initialisation from --seed (PyTorch's
-default Linear one, since its attention never calls its ``reset_parameters``, then its DeepNorm
-scaling, whose encoder β is 1.15·(N⁴M)^(−1/16) where the paper has 0.87).
+The plugin's model is the study's (run.sh's flags, the "cpu" preset, ``--backbone deepnorm``).
+torchscale's takes fairseq's shared token embedding and sinusoidal positions, set as torchscale's
+fairseq example sets it (examples/fairseq/models/machine_translation.py): embeddings scaled by √d
+(its config's default is not to), ReLU, padding masks handed to encoder and decoder
+(``EncoderDecoder.forward`` hands none). The plugin's initial weights are copied into it (``fc1`` is
+``ffn.fc1`` there): a difference in training is one of structure, not of the draw.
+``torchscale-own-init`` is torchscale's model initialised its own way from --seed (PyTorch's Linear
+default, then its DeepNorm scaling, whose encoder β is 1.15·(N⁴M)^(−1/16) where the paper has 0.87).
 
-Training is a hand loop over fairseq's batch iterator (the study's batches in its order), each model
-stepped as fairseq's Trainer steps: dropout seed --seed + updates, the label-smoothed loss summed
-over the batch, gradients divided by its target tokens, no clipping (the recipe's --clip-norm is
-fairseq's default 0), fairseq's Adam and polynomial_decay (warm-up from 0 over --warmup updates,
-then linear to 0 after --epochs epochs, as the "cpu" preset). torchscale's tensors are batch-major,
-fairseq's time-major: its layers' dropout draws its mask on the time-major layout, so one seed drops
-the same units in both. Every --every updates and at each epoch's end (where the study's
-fairseq-train validated and saved the checkpoints source_use.py measured), each model on all of
---subset: the label-smoothed and NLL loss (bits per target token), the NLL with each source swapped
-for its batch neighbour's, and the encoder's token spread by layer (source_use.py's measure).
+Each model steps as fairseq's Trainer steps it: fairseq's batches in their order, dropout seed
+--seed + updates, fairseq's Adam and polynomial_decay (the "cpu" preset's), no clipping; torchscale's
+dropout masks are drawn on fairseq's time-major layout, so one seed drops the same units in both.
+Every --every updates and at each epoch's end (where fairseq-train validates), each model is measured
+on --subset as source_use.py measures a checkpoint, with the label-smoothed loss beside it.
 
-torchscale 0.3.0 imports fairscale (which installs without its dependencies) and timm (for its
-drop-path, which needs torchvision, a binary built for one torch): without timm, a stand-in for
-``timm.models.layers.drop_path`` that refuses to run is registered; drop-path is off
-(``drop_path_rate`` 0). Uninstall both when done: with fairscale installed fairseq imports it, and
-the test suite's fairseq-train processes (tests/test_fast_update.py) aborted at exit ("terminate
-called without an active exception", 6 errors; 9 passed once it was uninstalled, 2026-12-01).
+torchscale 0.3.0 imports fairscale and timm (for drop-path, off here; timm needs a torchvision built
+for one torch): without timm, a stand-in that refuses to run is registered. Uninstall both when
+done: with fairscale installed, fairseq imports it and the suite's fairseq-train processes
+(tests/test_fast_update.py) aborted at exit ("terminate called without an active exception").
 """
 
 if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
@@ -66,7 +54,8 @@ from torch import nn
 from common.presets import PRESETS
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative
 from common.results import write_result
-from studies.checkpoints import InputError, batches, import_plugin
+from studies.checkpoints import InputError, batches, exit_on_input_error, import_plugin, training_task
+from studies.source_use import fresh_model, measure, rounded
 
 PROG = "deepnorm_vs_torchscale.py"
 INSTALL = "pip install --no-deps torchscale fairscale==0.4.0"
@@ -102,7 +91,7 @@ def parse_args(argv=None):
         "with --check-only, none)",
     )
     args = p.parse_args(argv)
-    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    args.data, args.arms = Path(args.data), [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown or not args.arms:
         p.error(f"--arms: unknown {', '.join(unknown) or 'nothing given'}; choose from {', '.join(ARMS)}")
@@ -261,33 +250,21 @@ def copy_weights(plugin, torchscale, pairs=None) -> None:
 # --- the plugin's model, the study's way ------------------------------------------------------------
 
 
-def study_flags(data, layers: int, lr: float, seed: int, warmup: int, total: int, max_tokens: int):
-    """fairseq-train's arguments as the study gives them (run.sh's, the preset's, the variant's)."""
-    preset = PRESETS["cpu"]
+def study_flags(args, total: int):
+    """fairseq-train's arguments as the study gives them (run.sh's, the preset's, the variant's), with
+    the learning rate reaching 0 after *total* updates."""
     return [
-        str(data), "--user-dir", str(USER_DIR), "--arch", RECIPE_ARCH, "--source-lang", "en", "--target-lang", "de",
+        str(args.data), "--user-dir", str(USER_DIR), "--arch", RECIPE_ARCH, "--source-lang", "en", "--target-lang", "de",
         "--share-all-embeddings", "--dropout", "0.3",
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr-scheduler", "inverse_sqrt",
         "--warmup-updates", "1000", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(max_tokens), "--seed", "1",
+        "--max-tokens", str(args.max_tokens), "--seed", "1",
         # quality.py's flags after run.sh's: the preset's model and schedule, then the variant's
-        *preset.model, "--encoder-layers", str(layers), "--decoder-layers", str(layers),
-        "--lr", f"{lr:g}", "--warmup-updates", str(warmup),
+        *PRESETS["cpu"].model, "--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers),
+        "--lr", f"{args.lr:g}", "--warmup-updates", str(args.warmup),
         "--lr-scheduler", "polynomial_decay", "--total-num-update", str(total), "--end-learning-rate", "0",
-        *VARIANTS["deepnorm"], "--seed", str(seed),
+        *VARIANTS["deepnorm"], "--seed", str(args.seed),
     ]  # fmt: skip
-
-
-def setup(flags, subset: str):
-    """(fairseq cfg, task) of *flags*, with the training data and *subset* loaded."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
-    task = tasks.setup_task(cfg.task)
-    task.load_dataset(cfg.dataset.train_subset, epoch=1, combine=True)
-    task.load_dataset(subset, combine=False, epoch=1)
-    return cfg, task
 
 
 def train_iterator(cfg, task, model):
@@ -334,8 +311,8 @@ def logits_difference(plugin, torchscale, sample, pad: int, encoder: bool = True
     return out
 
 
-def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_tokens, seed, batches_checked=8):
-    """The two models' passes compared: eval mode on the first *batches_checked* batches of *subset*;
+def forward_check(plugin, torchscale, pairs, task, cfg, criterion, args, batches_checked=8):
+    """The two models' passes compared: eval mode on the first *batches_checked* batches of --subset;
     train mode (dropout on, one seed) on the first training batch, with its loss and gradients, and
     with torchscale's own (batch-major) dropout masks."""
     from fairseq import utils
@@ -344,7 +321,7 @@ def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_t
     plugin.eval(), torchscale.eval()
     worst = {"logits": 0.0, "logit_scale": 0.0, "encoder_out": 0.0}
     with torch.no_grad():
-        for _, sample in zip(range(batches_checked), batches(plugin, task, subset, max_tokens)):
+        for _, sample in zip(range(batches_checked), batches(plugin, task, args.subset, args.max_tokens)):
             d = logits_difference(plugin, torchscale, sample, pad)
             worst = {k: max(worst[k], d[k]) for k in worst}
     sample = next(iter(train_iterator(cfg, task, plugin).next_epoch_itr(shuffle=True)))
@@ -352,14 +329,14 @@ def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_t
     copy_weights(plugin, unaligned)
     plugin.train(), torchscale.train(), unaligned.train()
     with torch.no_grad():
-        utils.set_torch_seed(seed)
+        utils.set_torch_seed(args.seed)
         train_mode = logits_difference(plugin, torchscale, sample, pad, encoder=False)
-        utils.set_torch_seed(seed)
+        utils.set_torch_seed(args.seed)
         batch_major = logits_difference(plugin, unaligned, sample, pad, encoder=False)["logits"]
     losses = []
     for model in (plugin, torchscale):
         model.zero_grad(set_to_none=True)
-        utils.set_torch_seed(seed)
+        utils.set_torch_seed(args.seed)
         loss, sample_size, _ = criterion(model, sample)
         (loss / sample_size).backward()
         losses.append(float(loss.detach()) / sample_size / math.log(2))
@@ -368,7 +345,7 @@ def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_t
     for model in (plugin, torchscale):
         model.zero_grad(set_to_none=True)
     return {
-        "eval": {**worst, "batches": batches_checked, "subset": subset},
+        "eval": {**worst, "batches": batches_checked, "subset": args.subset},
         "train_mode_dropout_on": {
             **train_mode,
             "loss_plugin": losses[0],
@@ -380,13 +357,14 @@ def forward_check(plugin, torchscale, pairs, task, cfg, criterion, subset, max_t
     }
 
 
-def structural_ablations(plugin, args, dictionary, task, subset, max_tokens) -> dict:
+def structural_ablations(plugin, task, args) -> dict:
     """How far the logits move when torchscale's model is built or called with its own defaults
-    instead of the settings above (eval mode, first batch of *subset*): each is a difference a
+    instead of the settings above (eval mode, first batch of --subset): each is a difference a
     straight use of torchscale would have."""
-    sample = next(iter(batches(plugin, task, subset, max_tokens)))
+    dictionary = task.source_dictionary
+    sample = next(iter(batches(plugin, task, args.subset, args.max_tokens)))
     net_input, real = sample["net_input"], sample["target"].ne(dictionary.pad())
-    mapped, unscaled, gelu = (build_torchscale(args, dictionary) for _ in range(3))
+    mapped, unscaled, gelu = (build_torchscale(plugin.args, dictionary) for _ in range(3))
     for stack in (unscaled.ts.encoder, unscaled.ts.decoder):
         stack.embed_scale = 1.0
     for layer in [*gelu.ts.encoder.layers, *gelu.ts.decoder.layers]:
@@ -409,14 +387,8 @@ def structural_ablations(plugin, args, dictionary, task, subset, max_tokens) -> 
 # --- training ----------------------------------------------------------------------------------------
 
 
-def rounded(value):
-    return None if value is None else round(value, 4)
-
-
 def measured(model, task, criterion, subset, max_tokens) -> dict:
     """source_use.measure of *model* on *subset*, with the label-smoothed loss beside it (bits)."""
-    from studies.source_use import measure
-
     logged = []  # measure calls the criterion on each batch, then on its impostor: the own ones are [::2]
 
     def recorded(model, sample):
@@ -433,7 +405,7 @@ def measured(model, task, criterion, subset, max_tokens) -> dict:
         "nll_impostor": rounded(m["nll_impostor"]),
         "source_use": rounded(m["nll_impostor"] - m["nll_own"]),
         "spread_output": rounded(m["spread"][-1]),
-        "spread": [rounded(v) for v in m["spread"]],
+        "spread": rounded(m["spread"]),
     }
 
 
@@ -552,31 +524,19 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     import_plugin()
-    try:
+    with exit_on_input_error(PROG):
         _, _, version = import_torchscale()
-        data = Path(args.data)
-        if not (data / "dict.en.txt").exists():
-            raise InputError(f"{data}: no binarised en-de data (--data)")
-    except InputError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        if not (args.data / "dict.en.txt").exists():
+            raise InputError(f"{args.data}: no binarised en-de data (--data)")
     from fairseq import utils
 
-    from studies.source_use import fresh_model
-
-    upe = UPDATES_PER_EPOCH
-    while True:  # the schedule follows the data's updates per epoch: a second set-up where they differ
-        total = args.epochs * upe
-        flags = study_flags(data, args.layers, args.lr, args.seed, args.warmup, total, args.max_tokens)
-        cfg, task = setup(flags, args.subset)
-        plugin = fresh_model(task, cfg)  # fairseq-train's seeding, then task.build_model
-        upe = len(train_iterator(cfg, task, plugin))
-        if total == args.epochs * upe:
-            break
-        print(
-            f"[{PROG}] note: {upe} updates an epoch on {data}, not {UPDATES_PER_EPOCH}: the schedule follows",
-            flush=True,
-        )
+    cfg, task = training_task(study_flags(args, args.epochs * UPDATES_PER_EPOCH), args.subset)
+    plugin = fresh_model(task, cfg)  # fairseq-train's seeding, then task.build_model
+    upe = len(train_iterator(cfg, task, plugin))
+    if upe != UPDATES_PER_EPOCH:
+        print(f"[{PROG}] note: {upe} updates an epoch on {args.data}, not {UPDATES_PER_EPOCH}: the schedule follows")
+    total = cfg.lr_scheduler.total_num_update = args.epochs * upe  # the one setting the data's epochs change
+    flags = study_flags(args, total)
     criterion = task.build_criterion(cfg.criterion)
     dictionary, model_args = task.source_dictionary, plugin.args  # the flags with the architecture's defaults
 
@@ -588,29 +548,23 @@ def main(argv=None):
         "torchscale": {side: getattr(torchscale.ts, side).layers[0].alpha for side in ("encoder", "decoder")},
     }
     print(f"[{PROG}] torchscale {version}; {len(pairs)} parameters paired; α {alpha}", flush=True)
-    check = forward_check(plugin, torchscale, pairs, task, cfg, criterion, args.subset, args.max_tokens, args.seed)
-    check["structural_ablations_max_abs_logit_difference"] = structural_ablations(
-        plugin, model_args, dictionary, task, args.subset, args.max_tokens
-    )
+    check = forward_check(plugin, torchscale, pairs, task, cfg, criterion, args)
+    check["structural_ablations_max_abs_logit_difference"] = structural_ablations(plugin, task, args)
     print(f"[{PROG}] forward check: {check}", flush=True)
     if args.check_only:
         return check
 
-    arms = []
+    models, arms = {"plugin": plugin, "torchscale": torchscale}, []
     for name in args.arms:
-        if name == "plugin":
-            model = plugin
-        elif name == "torchscale":
-            model = torchscale
-        else:
+        if name not in models:  # torchscale-own-init: its own draw, its own DeepNorm scaling
             utils.set_torch_seed(args.seed)
-            model = build_torchscale(model_args, dictionary)  # its own draw, its own DeepNorm scaling
-        arms.append(Arm(name, model, cfg))
+            models[name] = build_torchscale(model_args, dictionary)
+        arms.append(Arm(name, models[name], cfg))
     both = pairs if {"plugin", "torchscale"} <= set(args.arms) else None
     default = REPO / "studies" / "results" / f"cpu-deepnorm-vs-torchscale-{args.layers}-multi30k-en-de.json"
     path = Path(args.json or default)
     settings = {
-        "data": repo_relative(data),
+        "data": repo_relative(args.data),
         **{k: getattr(args, k) for k in ("layers", "lr", "seed", "warmup")},
         "total_num_update": total,
         "updates_per_epoch": upe,

@@ -1,24 +1,20 @@
 """Depth stability: do deep, narrow models train at an aggressive learning rate?
 
-Every variant of fairseq_realformer/variants.py (Post-LN, Pre-LN, ADMIN with profiled ω, DeepNorm,
-ReZero, T-Fixup, ResiDual, each of the last three also with residual attention, RealFormer on ADMIN
-with sum and mean and with value residual, ADMIN + RAdam without warm-up) is trained with the same
-seed, data, budget and learning rate on a few thousand real sentence pairs (Multi30k En→De, read
-from a local folder). For each: the first layers' gradient norms at initialisation (one batch,
-dropout on), and the final train and valid losses; whether a run diverged is studies/divergence.py's
-rule, the quality studies' too: a loss that is not finite (fairseq stopped on NaN/Inf gradients), or
-a training loss that fell below its first epoch's mean and climbed back above it. (Rows committed
-before 2026-11-28 were judged by another rule, "the last logged loss at or above the first"; every
-one of them ended well below its first, as the table's train-loss column shows, and their logs were
-not kept to judge them again.)
+Every variant of fairseq_realformer/variants.py is trained by ``fairseq-train --user-dir
+fairseq_realformer`` with the same seed, data, budget and learning rate on a few thousand Multi30k
+En→De pairs (read from a local folder). For each: the first layers' gradient norms at
+initialisation (one batch, dropout on), the final train and valid losses, and whether it diverged
+by studies/divergence.py's rule, the quality studies' too: a loss that is not finite (fairseq
+stopped on NaN/Inf gradients), or a training loss that fell below its first epoch's mean and climbed
+back above it. (Rows committed before 2026-11-28 were judged by "the last logged loss at or above
+the first"; every one ended well below its first, and their logs were not kept to judge again.)
 
     python studies/depth_stability.py --data ../shared/data/multi30k    # ~25 min on 2 CPU cores
 
-Every run is a real ``fairseq-train --user-dir fairseq_realformer``; results are kept in --out and
-a re-run skips finished variants. ``--add-to TABLE`` merges new variants into a committed table
-(studies/results/cpu-depth-stability-*.json): a variant the table lacks becomes a row, one it has
-is re-run as a control, kept beside the rows with whether it measured the same as its row. A
-merge the table records already is not trained again, wherever --out is.
+Results are kept in --out, and a re-run skips finished variants. ``--add-to TABLE`` merges new
+variants into a committed table (studies/results/cpu-depth-stability-*.json): a variant the table
+lacks becomes a row; one it has is re-run as a control, kept beside the rows with whether it
+measured the same as its row. A merge the table records already is not trained again.
 
     python studies/depth_stability.py --variants post-ln-realformer,post-ln \\
         --add-to studies/results/cpu-depth-stability-lr3e-3.json
@@ -44,6 +40,7 @@ from common import allocator, commands, fairseq_log, multi30k_args
 from common.host import host
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, commit, import_fairseq_quietly, work_folder
 from common.results import header, read_result, write_json, write_result
+from studies.checkpoints import training_task
 from studies.divergence import divergence
 
 BIN = Path(sys.executable).parent
@@ -115,35 +112,30 @@ def variant_flags(args, variant: str):
 def train_flags(args, bin_dir: Path, variant: str):
     enc, dec = args.layers.split("-")
     return [
-        str(bin_dir),
-        "--user-dir",
-        str(USER_DIR),
-        *f"--arch realformer_iwslt_de_en --encoder-layers {enc} --decoder-layers {dec} "
-        f"--encoder-embed-dim {args.dim} --decoder-embed-dim {args.dim} --encoder-ffn-embed-dim {args.ffn} "
-        f"--decoder-ffn-embed-dim {args.ffn} --encoder-attention-heads {args.heads} "
-        f"--decoder-attention-heads {args.heads} --share-all-embeddings --dropout 0.1 --optimizer adam "
-        f"--adam-betas (0.9,0.98) --lr {args.lr} --lr-scheduler inverse_sqrt --warmup-updates {args.warmup} "
-        "--warmup-init-lr 1e-7 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
-        f"--max-tokens {args.max_tokens} --max-update {args.max_update} --seed {args.seed} --num-workers 0 "
-        "--log-format json --log-interval 10 --no-save".split(),
+        str(bin_dir), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en",
+        "--encoder-layers", enc, "--decoder-layers", dec, "--encoder-embed-dim", str(args.dim),
+        "--decoder-embed-dim", str(args.dim), "--encoder-ffn-embed-dim", str(args.ffn),
+        "--decoder-ffn-embed-dim", str(args.ffn), "--encoder-attention-heads", str(args.heads),
+        "--decoder-attention-heads", str(args.heads), "--share-all-embeddings", "--dropout", "0.1",
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-7",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens),
+        "--max-update", str(args.max_update), "--seed", str(args.seed), "--num-workers", "0",
+        "--log-format", "json", "--log-interval", "10", "--no-save",
         *variant_flags(args, variant),
-    ]
+    ]  # fmt: skip
 
 
 def first_layer_grad_norms(flags):
     """Gradient norms of the first encoder and decoder layers at initialisation, on the first
     training batch (dropout on), the same way fairseq-train builds model, data and loss."""
-    from fairseq import options, tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq import utils
 
     from fairseq_realformer.modules import admin
 
     import_fairseq_quietly()  # fairseq-train's own run logs all this; here it would bury this probe's line
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), flags))
-    utils.import_user_module(cfg.common)
+    cfg, task = training_task(flags)
     utils.set_torch_seed(cfg.common.seed)
-    task = tasks.setup_task(cfg.task)
-    task.load_dataset("train")
     model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     batches = task.get_batch_iterator(task.dataset("train"), max_tokens=cfg.dataset.max_tokens, seed=cfg.common.seed)
     sample = next(batches.next_epoch_itr(shuffle=False))
@@ -151,7 +143,6 @@ def first_layer_grad_norms(flags):
     model.train()
     loss, sample_size, _ = criterion(model, sample)
     (loss / sample_size).backward()  # fairseq-train's normalisation: per target token
-
     return tuple(
         math.sqrt(sum(float(p.grad.norm()) ** 2 for p in stack.layers[0].parameters() if p.grad is not None))
         for stack in (model.encoder, model.decoder)
@@ -159,6 +150,7 @@ def first_layer_grad_norms(flags):
 
 
 def run_variant(args, bin_dir: Path, out: Path, variant: str):
+    """*variant* trained and measured, into its result.json (read back where a run before wrote it)."""
     result_file = out / variant / "result.json"
     if result_file.exists():
         log(f"{variant}: reusing {result_file}")
@@ -166,13 +158,13 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
     flags, at = train_flags(args, bin_dir, variant), commit()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hydra's and torch's notices: fairseq-train's log below has them
-        enc_norm, dec_norm = first_layer_grad_norms(flags)
-    log(f"{variant}: first-layer gradient norms at init: encoder {enc_norm:.3g}, decoder {dec_norm:.3g}; training")
-    cmd = [str(BIN / "fairseq-train"), *flags]
-    run = commands.run(cmd, out / variant / "train.log", env=allocator.environment(), check=False)
+        norms = first_layer_grad_norms(flags)
+    log(f"{variant}: first-layer gradient norms at init: encoder {norms[0]:.3g}, decoder {norms[1]:.3g}; training")
+    train_log = out / variant / "train.log"
+    run = commands.run([BIN / "fairseq-train", *flags], train_log, env=allocator.environment(), check=False)
     lines = run.output.splitlines()
     stats = list(fairseq_log.records(lines, "train_inner", "valid"))
-    train = [fields["loss"] for kind, fields in stats if kind == "train_inner"]
+    train = [fields["loss"] for kind, fields in stats if kind == "train_inner"] or [None]
     valid = next((fields["loss"] for kind, fields in reversed(stats) if kind == "valid"), None)
     # fairseq stops on NaN/Inf gradients with a FloatingPointError: diverged, not failed
     error = commands.last_error(run.output)
@@ -180,13 +172,10 @@ def run_variant(args, bin_dir: Path, out: Path, variant: str):
     if run.returncode != 0 and not stopped_on_nan:
         raise SystemExit(f"depth_stability.py: error: {variant}: {run.failure()}")
     diverged = stopped_on_nan or divergence(lines) is not None
-    measured = (train[0] if train else None, train[-1] if train else None, valid, diverged, enc_norm, dec_norm)
-    result = {"variant": variant, **dict(zip(MEASURED, measured)), "wall_s": round(run.seconds, 1), "commit": at}
+    measured = dict(zip(MEASURED, (train[0], train[-1], valid, diverged, *norms)))
+    result = {"variant": variant, **measured, "wall_s": round(run.seconds, 1), "commit": at}
     write_json(result_file, result)
-    log(
-        f"{variant}: train loss {result['first_train_loss']} -> {result['final_train_loss']}, "
-        f"valid {valid}, diverged {diverged} ({result['wall_s']} s)"
-    )
+    log(f"{variant}: train loss {train[0]} -> {train[-1]}, valid {valid}, diverged {diverged} ({result['wall_s']} s)")
     return result
 
 

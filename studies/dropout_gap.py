@@ -1,16 +1,14 @@
 """Validation loss of checkpoints with dropout off, as fairseq validates and translates, and on, as
-the model trains. A deep Post-LN model can keep learning with dropout on while its dropout-off loss
-breaks (benchmarks/RESULTS.md: depth stability, and the 12+12-layer runs); fairseq's logged
-validation loss alone cannot tell that from a model that learned nothing.
+the model trains: a deep Post-LN model can keep learning with dropout on while its dropout-off loss
+breaks (benchmarks/RESULTS.md), which fairseq's logged loss cannot tell from learning nothing.
 
     python studies/dropout_gap.py runs/depth-12/post-ln-lr0.004-layers12/seed1
     python studies/dropout_gap.py CHECKPOINT.pt [CHECKPOINT.pt ...] --data DATA_BIN
     python studies/dropout_gap.py RUN --json RUN/dropout_gap.json   # the table as JSON too
 
-A run folder of studies/quality.py stands for its epoch checkpoints (checkpoints/checkpointN.pt,
-in epoch order), then the averaged one (checkpoint_avg.pt) if it has it; its data is its bin/
-unless --data says. The loss is fairseq's: the criterion's loss per target token in bits (label
-smoothing included) over every sentence of --subset. With dropout on, the masks are drawn from
+A run folder of studies/quality.py stands for its epoch checkpoints in epoch order, then its
+averaged one if it has it, on its bin/ unless --data says. The loss is fairseq's: the criterion's,
+label smoothing included, in bits per target token over --subset; dropout's masks are drawn from
 --seed, so a re-run prints the same numbers.
 """
 
@@ -23,21 +21,18 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
     os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.dropout_gap", *sys.argv[1:]], env)
 
-import argparse
 import math
 import os
-import sys
 from pathlib import Path
 
 from common.results import write_result
-from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load
+from studies.checkpoints import batches, checkpoints_of, exit_on_input_error, import_plugin, load, parser
 
 PROG = "dropout_gap.py"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
+    p = parser(PROG, __doc__)
     p.add_argument("--seed", type=int, default=1, help="seed of the dropout masks (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the rows to FILE (studies/quality.py --dropout-gap)")
     return p.parse_args(argv)
@@ -60,19 +55,15 @@ def loss_in_bits(model, task, criterion, subset: str, max_tokens: int, dropout: 
 def main(argv=None):
     args = parse_args(argv)
     import_plugin()
-    try:
-        runs = [c for p in args.paths for c in checkpoints_of(Path(p), args.data)]
-        rows = []
-        for checkpoint, data in runs:
+    rows = []
+    with exit_on_input_error(PROG):
+        for checkpoint, data in [c for p in args.paths for c in checkpoints_of(Path(p), args.data)]:
             model, task, criterion, updates, _ = load(checkpoint, data, args.subset)
             off, on = (
                 loss_in_bits(model, task, criterion, args.subset, args.max_tokens, dropout, args.seed)
                 for dropout in (False, True)
             )
             rows.append((checkpoint, updates, off, on))
-    except InputError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        sys.exit(2)
     print(f"{args.subset} loss (bits per target token), dropout off (as fairseq validates) and on (as it trains)\n")
     print("| checkpoint | updates | dropout off | dropout on | on − off |")
     print("|---|---|---|---|---|")

@@ -31,16 +31,14 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
     safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
     os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.source_use", *sys.argv[1:]], env)
 
-import argparse
 import math
 import os
 import re
-import sys
 from pathlib import Path
 
 from common.repo import STOCK, VARIANTS, repo_relative
 from common.results import write_result
-from studies.checkpoints import InputError, add_arguments, batches, checkpoints_of, import_plugin, load
+from studies.checkpoints import InputError, batches, checkpoints_of, exit_on_input_error, import_plugin, load, parser
 from studies.figures import frame, save, variant_colours
 from studies.runs import RunFolder
 
@@ -49,8 +47,7 @@ MARKERS = ".osv^D"  # the models of one variant (its seeds, its epochs), in one 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
+    p = parser(PROG, __doc__)
     p.add_argument("--fresh", action="store_true", help="also measure each architecture freshly initialised")
     p.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
     p.add_argument("--figure", metavar="PNG", help="also draw the spread by layer and the NLLs into PNG")
@@ -124,6 +121,19 @@ def fresh_model(task, cfg):
     return task.build_model(cfg.model)
 
 
+def rounded(value, digits=4):
+    """*value* rounded (a list's items each; None stays None), as the JSON keeps it."""
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return None if value is None else round(value, digits)
+
+
+def spread_labels(depth: int, short=False) -> list:
+    """The names of a token spread's *depth* positions: the embedding, each encoder layer, the output."""
+    inner = range(1, depth - 1)
+    return ["emb", *map(str, inner), "out"] if short else ["embedding", *(f"layer {i}" for i in inner), "output"]
+
+
 def short_name(model: str) -> str:
     """RUN/seedN for a run folder's average (with the checkpoint's stem for any other checkpoint of
     it), else the model's name as given."""
@@ -143,26 +153,24 @@ def draw(rows, subset, path):
     """Left: each model's token spread after the embedding, every encoder layer and the output
     (untrained models dashed, in their checkpoint's colour and marker; a variant's colour, its models
     told apart by their marker). Right: NLL with own and impostor source."""
-    trained = list(dict.fromkeys(short_name(r["model"]).removesuffix(", untrained") for r in rows))
-    colours = variant_colours(list(dict.fromkeys(map(variant_of, trained))))
+    names = [short_name(r["model"]) for r in rows]
+    colours = variant_colours(list(dict.fromkeys(variant_of(n.removesuffix(", untrained")) for n in names)))
     markers = {}
-    for name in trained:
-        markers[name] = MARKERS[sum(variant_of(n) == variant_of(name) for n in markers) % len(MARKERS)]
+    for model in dict.fromkeys(n.removesuffix(", untrained") for n in names):
+        markers[model] = MARKERS[sum(variant_of(n) == variant_of(model) for n in markers) % len(MARKERS)]
     fig, (spread, nll) = frame((13, 5), 2, gridspec_kw={"width_ratios": [3, 2]})
-    for row in rows:
-        name = short_name(row["model"])
+    for row, name in zip(rows, names):
         model = name.removesuffix(", untrained")
         style, colour = "--" if name.endswith(", untrained") else "-", colours[variant_of(model)]
         spread.plot(range(len(row["spread"])), row["spread"], style, color=colour, marker=markers[model], label=name)
     depth = max(len(r["spread"]) for r in rows)
-    spread.set_xticks(range(depth), ["emb", *map(str, range(1, depth - 1)), "out"])
+    spread.set_xticks(range(depth), spread_labels(depth, short=True))
     spread.set_xlabel("encoder position (embedding, layer 1 … N, output)")
     spread.set_ylabel("token spread E‖x − x̄‖² / E‖x‖²")
     spread.set_ylim(-0.02, 1.02)
     spread.set_title("Source tokens' spread after each encoder layer (0: one vector for every token)", fontsize=10)
     spread.grid(alpha=0.3)
     spread.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
-    names = [short_name(r["model"]) for r in rows]
     width = 0.4
     for offset, key, label in (
         (-width / 2, "nll_own", "own source"),
@@ -189,15 +197,8 @@ def print_tables(rows, subset):
             f"| {row['model']} | {row['updates']} | {row['nll_own']:.3f} | {row['nll_impostor']:.3f} "
             f"| {row['nll_impostor'] - row['nll_own']:+.3f} |"
         )
-    by_name = [
-        {
-            "embedding": r["spread"][0],
-            **{f"layer {i}": v for i, v in enumerate(r["spread"][1:-1], 1)},
-            "output": r["spread"][-1],
-        }
-        for r in rows
-    ]
-    names = list(max(by_name, key=len))  # the deepest encoder's rows; a shallower one leaves cells empty
+    by_name = [dict(zip(spread_labels(len(r["spread"])), r["spread"])) for r in rows]
+    names = spread_labels(max(len(r["spread"]) for r in rows))  # a shallower encoder leaves cells empty
     print(f"\n{subset}: token spread E‖x − x̄‖² / E‖x‖² of the encoder (0: every source token is one vector)\n")
     print("| encoder | " + " | ".join(f"({i + 1})" for i in range(len(rows))) + " |")
     print("|---|" + "---|" * len(rows))
@@ -210,7 +211,7 @@ def main(argv=None):
     args = parse_args(argv)
     import_plugin()
     rows = []
-    try:
+    with exit_on_input_error(PROG):
         for path in args.paths:
             ((checkpoint, data),) = checkpoints_of(Path(path), args.data, average_only=True)
             model, task, criterion, updates, cfg = load(checkpoint, data, args.subset)
@@ -220,22 +221,12 @@ def main(argv=None):
             for name, steps, net in models:
                 measured = measure(net, task, criterion, args.subset, args.max_tokens)
                 rows.append({"model": name, "updates": steps, "data": repo_relative(data), **measured})
-    except InputError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        sys.exit(2)
     print_tables(rows, args.subset)
     if args.figure:
         draw(rows, args.subset, args.figure)
     if args.json:
         units = {"nll": "bits per target token", "spread": "E|x - mean|^2 / E|x|^2 over source tokens"}
-        kept = [
-            {
-                **row,
-                **{k: round(row[k], 4) for k in ("nll_own", "nll_impostor")},
-                "spread": [round(v, 4) for v in row["spread"]],
-            }
-            for row in rows
-        ]
+        kept = [{**row, **{k: rounded(row[k]) for k in ("nll_own", "nll_impostor", "spread")}} for row in rows]
         spread_at = "embedding, encoder layers 1..N, encoder output"
         write_result(args.json, __file__, argv, subset=args.subset, units=units, spread_at=spread_at, rows=kept)
     return rows
