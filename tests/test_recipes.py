@@ -786,7 +786,7 @@ def test_a_learning_rate_sweep_gives_each_rate_its_own_runs(tmp_path, capsys):
     bf16, _ = quality.parse_args(["--data", str(data), "--preset", "cpu", "--bf16", "--out", str(tmp_path / "q")])
     assert bf16.run_folder(bf16.configs[0], 1) == tmp_path / "q" / "post-ln-bf16" / "seed1"
     assert recipe.run_flags(bf16)[0] == "--bf16"  # the recipe trains and translates in bf16
-    assert bf16.settings()["bf16"] and "bf16" not in single.settings()  # a float32 study's runs
+    assert bf16.settings().to_json()["bf16"] and "bf16" not in single.settings().to_json()  # a float32 study's runs
     with pytest.raises(SystemExit):
         quality.parse_args(["--data", str(data), "--lr", "1e-3,fast"])
     assert (
