@@ -13,13 +13,7 @@ label smoothing included, in bits per target token over --subset; dropout's mask
 """
 
 if __name__ == "__main__" and not __package__:  # run by its path, from any folder: as `python -m` its module
-    import os
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # this checkout: its packages, first
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    safe = ["-P"] if sys.version_info >= (3, 11) else []  # -P: no package of the folder it runs in (another checkout)
-    os.execve(sys.executable, [sys.executable, *safe, "-m", "studies.dropout_gap", *sys.argv[1:]], env)
+    import by_path  # noqa: F401  (common/by_path.py, linked beside this file)
 
 import math
 import os

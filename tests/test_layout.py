@@ -5,6 +5,8 @@ changes fairseq, may import everything and is imported by the package alone. Rea
 (``ast``): nothing is imported."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fairseq_realformer"
@@ -117,7 +119,8 @@ def test_the_harness_is_packages_without_path_changes():
     the checkout outside tests/ changes sys.path, and none imports a sibling as a top-level module
     (``from bench import``), which works only from its own folder."""
     modules = harness_modules()
-    siblings = {p.stem for p in modules.values()}
+    # but by_path, which a command imports from its own folder only when run by its path (that folder first on sys.path)
+    siblings = {p.stem for p in modules.values()} - {"by_path"}
     for path in sorted(CHECKOUT.glob("[!.]*/**/*.py")):
         relative = path.relative_to(CHECKOUT)
         if relative.parts[0] in ("tests", "runs") or ".venv" in relative.parts:
@@ -131,6 +134,28 @@ def test_the_harness_is_packages_without_path_changes():
         top = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         top |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
         assert not top & siblings, f"{name} imports {top & siblings} top-level"
+
+
+def test_a_command_run_by_its_path_runs_as_its_module(tmp_path):
+    """``python studies/depth_report.py`` from any folder runs ``python -m studies.depth_report`` of
+    its checkout: every command's first lines, the same two, import common/by_path.py, linked beside it."""
+    for folder in ("benchmarks", "studies"):
+        assert (CHECKOUT / folder / "by_path.py").resolve() == CHECKOUT / "common" / "by_path.py"
+    guard = 'if __name__ == "__main__" and not __package__:'
+    commands = [p for p in (CHECKOUT / "benchmarks").glob("*.py") if guard in p.read_text(encoding="utf-8")]
+    commands += [p for p in (CHECKOUT / "studies").glob("*.py") if guard in p.read_text(encoding="utf-8")]
+    assert len(commands) >= 12
+    for path in commands:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(guard))
+        assert lines[at + 1].strip().startswith("import by_path"), path.name
+    run = subprocess.run(
+        [sys.executable, CHECKOUT / "studies" / "depth_report.py", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and run.stdout.startswith("usage: depth_report.py"), run.stderr[-2000:]
 
 
 def test_the_harness_imports_go_one_way():

@@ -1,0 +1,1 @@
+../common/by_path.py
