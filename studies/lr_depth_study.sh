@@ -31,12 +31,15 @@
 #      beside Pre-LN itself trained again by the same code. Float32, independent of stages 6-7. DenseFormer
 #      (about Pre-LN's cost) and Hyper-Connections train first, then Pre-LN, then mHC (~0.4x Pre-LN's
 #      words/s, more than a session on the 2-core EPYC): the runs that end within a session come first.
+#   9. Pre-LN with stage 7's 1,600 warm-up updates (issue 86): DeepNorm trained there, but every other
+#      18+18 variant warmed up over 400, so the warm-up and the method are confounded. pre-ln at 18+18,
+#      seed 1, lr 2e-3 (its rate with 400) and 4e-3, then seeds 2 and 3 at the better. Float32, after 7.
 # Stop it any time; run it again to go on (finished runs are skipped, a stopped one resumes).
 # --jobs N trains N runs side by side, one thread each; --jobs 1, one on every core. On the 2-core
 # AMD EPYC VM an 18+18 run makes ~950 tokens/s alone and ~660 beside another (2026-12-02): --jobs 2
 # trains ~40% more in all, each run ~4 hours rather than ~3 (20 epochs, 132 updates each).
 #
-#   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5,6,7,8]
+#   studies/lr_depth_study.sh [--precision bf16|fp32] [--jobs N] [--out DIR] [--machine TEXT] [--stages 1,2,3,4,5,6,7,8,9]
 # The runs outlast a session and a checkout: set REALFORMER_RUNS to a folder outside the checkout (the
 # default --out; else the checkout's runs/), and a study started again from a fresh clone resumes
 # every unfinished run from its last epoch checkpoint. On a CPU each training gets glibc's allocator
@@ -133,5 +136,10 @@ say "8/8 the residual-stream methods at 4+4 beside Pre-LN in $out/residual-strea
 nice -n 19 "$py" "$root/studies/quality.py" --preset cpu --lr 4e-3 --seeds 1 --jobs "$jobs" --out "$out/residual-streams-4" \
   --variants pre-ln-denseformer,pre-ln-hyper-connections,pre-ln,pre-ln-mhc --machine "$machine" \
   --json "$results/cpu-quality-residual-streams-4-multi30k-en-de.json"
+fi
+if stage 9; then
+say "9/9 pre-ln at 18+18 with 1,600 warm-up updates (stage 7's) in $out/depth-18"
+nice -n 19 "$py" "$root/studies/quality.py" "${depth18[@]}" --warmup 1600 --lr 2e-3,4e-3 --best-seeds 2,3 \
+  --variants pre-ln --json "$results/cpu-quality-depth-18-pre-ln-warmup-1600-multi30k-en-de.json"
 fi
 say "done"
