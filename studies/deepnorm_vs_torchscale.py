@@ -51,10 +51,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.commands import InputError, exit_on_failure
 from common.presets import PRESETS
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative
 from common.results import write_result
-from studies.checkpoints import InputError, batches, exit_on_input_error, import_plugin, training_task
+from studies.checkpoints import batches, import_plugin, training_task
 from studies.source_use import fresh_model, measure, rounded
 
 PROG = "deepnorm_vs_torchscale.py"
@@ -524,7 +525,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     import_plugin()
-    with exit_on_input_error(PROG):
+    with exit_on_failure(PROG):
         _, _, version = import_torchscale()
         if not (args.data / "dict.en.txt").exists():
             raise InputError(f"{args.data}: no binarised en-de data (--data)")
