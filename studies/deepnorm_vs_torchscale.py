@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.commands import InputError, exit_on_failure
-from common.presets import PRESETS
+from common.presets import PRESETS, TRAINING
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative
 from common.results import write_result
 from studies.checkpoints import batches, import_plugin, training_task
@@ -61,7 +61,6 @@ from studies.source_use import fresh_model, measure, rounded
 PROG = "deepnorm_vs_torchscale.py"
 INSTALL = "pip install --no-deps torchscale fairscale==0.4.0"
 ARMS = ("plugin", "torchscale", "torchscale-own-init")
-RECIPE_ARCH = "realformer_iwslt_de_en"
 UPDATES_PER_EPOCH = 132  # of the study's data at --max-tokens 4096 (runs/depth-18/data/updates_per_epoch)
 # flag, default (its type is the flag's), help
 OPTIONS = (
@@ -252,19 +251,14 @@ def copy_weights(plugin, torchscale, pairs=None) -> None:
 
 
 def study_flags(args, total: int):
-    """fairseq-train's arguments as the study gives them (run.sh's, the preset's, the variant's), with
-    the learning rate reaching 0 after *total* updates."""
+    """fairseq-train's arguments as the study gives them (run.sh's, the "cpu" preset's, the variant's),
+    with the learning rate reaching 0 after *total* updates."""
     return [
-        str(args.data), "--user-dir", str(USER_DIR), "--arch", RECIPE_ARCH, "--source-lang", "en", "--target-lang", "de",
-        "--share-all-embeddings", "--dropout", "0.3",
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", "1000", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(args.max_tokens), "--seed", "1",
-        # quality.py's flags after run.sh's: the preset's model and schedule, then the variant's
+        str(args.data), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en", *TRAINING,
+        "--source-lang", "en", "--target-lang", "de", "--dropout", "0.3", "--max-tokens", str(args.max_tokens),
         *PRESETS["cpu"].model, "--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers),
-        "--lr", f"{args.lr:g}", "--warmup-updates", str(args.warmup),
-        "--lr-scheduler", "polynomial_decay", "--total-num-update", str(total), "--end-learning-rate", "0",
-        *VARIANTS["deepnorm"], "--seed", str(args.seed),
+        "--lr", f"{args.lr:g}", "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(args.warmup),
+        "--total-num-update", str(total), "--end-learning-rate", "0", *VARIANTS["deepnorm"], "--seed", str(args.seed),
     ]  # fmt: skip
 
 
