@@ -61,7 +61,6 @@ from studies.source_use import fresh_model, measure, rounded
 PROG = "deepnorm_vs_torchscale.py"
 INSTALL = "pip install --no-deps torchscale fairscale==0.4.0"
 ARMS = ("plugin", "torchscale", "torchscale-own-init")
-UPDATES_PER_EPOCH = 132  # of the study's data at --max-tokens 4096 (runs/depth-18/data/updates_per_epoch)
 # flag, default (its type is the flag's), help
 OPTIONS = (
     ("--data", str(RUNS / "depth-18" / "data" / "bin"), "binarised en-de data"),
@@ -415,7 +414,7 @@ class Arm:
         self.optimizer = optim.build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad])
         self.scheduler = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, self.optimizer)
         self.scheduler.step_update(0)  # Trainer.__init__
-        self.window, self.window_tokens, self.last = 0.0, 0, {}
+        self.window, self.last = [], {}  # window: (loss, target tokens) of each update since the last row
 
     def begin_epoch(self, epoch, updates):  # Trainer.lr_step_begin_epoch
         self.scheduler.step_begin_epoch(epoch)
@@ -440,16 +439,9 @@ class Arm:
         self.optimizer.step()
         self.scheduler.step_update(updates + 1)
         bits = float(logged["loss"]) / float(sample_size) / math.log(2)
-        self.window += bits * float(sample_size)
-        self.window_tokens += float(sample_size)
+        self.window.append((bits, float(sample_size)))
         self.last = {"loss": bits, "gnorm": float(grad_norm)}
         return bits
-
-    def take_window(self):
-        """The mean loss since the last call (None when nothing trained since)."""
-        mean = self.window / self.window_tokens if self.window_tokens else None
-        self.window, self.window_tokens = 0.0, 0
-        return mean
 
 
 def train(arms, task, cfg, criterion, args, pairs=None, on_row=None):
@@ -462,8 +454,10 @@ def train(arms, task, cfg, criterion, args, pairs=None, on_row=None):
     def row(updates):
         r = {"updates": updates, "epoch": iterator.epoch if updates else 0, "lr": arms[0].optimizer.get_lr()}
         for arm in arms:
+            window, arm.window = arm.window, []
+            tokens = sum(n for _, n in window)  # the loss since the last row: its mean, weighted by tokens
             r[arm.name] = {
-                "train_loss": rounded(arm.take_window()),
+                "train_loss": rounded(sum(bits * n for bits, n in window) / tokens if tokens else None),
                 "train_loss_update": rounded(arm.last.get("loss")),
                 "gnorm": rounded(arm.last.get("gnorm")),
                 **measured(arm.model, task, criterion, args.subset, args.max_tokens),
@@ -525,12 +519,10 @@ def main(argv=None):
             raise InputError(f"{args.data}: no binarised en-de data (--data)")
     from fairseq import utils
 
-    cfg, task = training_task(study_flags(args, args.epochs * UPDATES_PER_EPOCH), args.subset)
+    cfg, task = training_task(study_flags(args, total=0), args.subset)  # total: set below, from the data
     plugin = fresh_model(task, cfg)  # fairseq-train's seeding, then task.build_model
     upe = len(train_iterator(cfg, task, plugin))
-    if upe != UPDATES_PER_EPOCH:
-        print(f"[{PROG}] note: {upe} updates an epoch on {args.data}, not {UPDATES_PER_EPOCH}: the schedule follows")
-    total = cfg.lr_scheduler.total_num_update = args.epochs * upe  # the one setting the data's epochs change
+    total = cfg.lr_scheduler.total_num_update = args.epochs * upe
     flags = study_flags(args, total)
     criterion = task.build_criterion(cfg.criterion)
     dictionary, model_args = task.source_dictionary, plugin.args  # the flags with the architecture's defaults
