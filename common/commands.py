@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -126,12 +127,20 @@ def wait_all(processes, check=True):
     return [process.wait(check=check) for process in processes]
 
 
+class InputError(Exception):
+    """Bad input, said in one line (``exit_on_failure``)."""
+
+
 @contextlib.contextmanager
 def exit_on_failure(prog):
-    """A command that fails inside as *prog*'s one-line error (no traceback): "PROG: error: " and the
-    command's own error where it said one (bad input, already named: the user's to fix), else the
-    sentence that says which command failed, how and where its log is."""
+    """A failure inside as *prog*'s one-line error (no traceback), "PROG: error: " and then: for an
+    InputError, its words (argparse's status for bad input, 2); for a failed command, its own error
+    where it said one (bad input, already named: the user's to fix), else the sentence that says which
+    command failed, how and where its log is."""
     try:
         yield
     except CommandFailed as failure:
         raise SystemExit(f"{prog}: error: {failure.own or failure}") from None
+    except InputError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

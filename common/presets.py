@@ -1,7 +1,14 @@
 """The models and schedules the studies train (quality.py --preset), defined once: the quality
-study, the bf16 and the compiled-layers benchmarks train the same CPU model."""
+study, the bf16 and the compiled-layers benchmarks train the same CPU model. TRAINING: the flags
+that every fairseq-train of the harness is given alike (its batches made in its own process, its
+log in JSON lines)."""
 
 from dataclasses import dataclass
+
+TRAINING = tuple(
+    "--share-all-embeddings --optimizer adam --adam-betas (0.9,0.98) --criterion label_smoothed_cross_entropy "
+    "--label-smoothing 0.1 --num-workers 0 --log-format json".split()
+)
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,14 @@
 """What the depth-study tools share: the checkpoint diagnostics' (dropout_gap.py, source_use.py)
 command line, loading a checkpoint with its task and criterion, a training's task built from its
 fairseq-train flags, and a subset's batches in a fixed order. Bad input is an ``InputError``, said
-in one line by the script (``exit_on_input_error``)."""
+in one line by the script (common.commands.exit_on_failure)."""
 
 import argparse
-import contextlib
-import sys
 from pathlib import Path
 
+from common.commands import InputError
 from common.repo import USER_DIR, import_fairseq_quietly
 from studies.runs import RunFolder
-
-
-class InputError(Exception):
-    """Bad input, said in one line."""
-
-
-@contextlib.contextmanager
-def exit_on_input_error(prog):
-    """An InputError inside as *prog*'s one-line error, with argparse's status for bad input (2)."""
-    try:
-        yield
-    except InputError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 def parser(prog, doc) -> argparse.ArgumentParser:

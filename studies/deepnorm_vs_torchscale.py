@@ -45,17 +45,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.presets import PRESETS
+from common.commands import InputError, exit_on_failure
+from common.presets import PRESETS, TRAINING
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, repo_relative
 from common.results import write_result
-from studies.checkpoints import InputError, batches, exit_on_input_error, import_plugin, training_task
+from studies.checkpoints import batches, import_plugin, training_task
 from studies.source_use import fresh_model, measure, rounded
 
 PROG = "deepnorm_vs_torchscale.py"
 INSTALL = "pip install --no-deps torchscale fairscale==0.4.0"
 ARMS = ("plugin", "torchscale", "torchscale-own-init")
-RECIPE_ARCH = "realformer_iwslt_de_en"
-UPDATES_PER_EPOCH = 132  # of the study's data at --max-tokens 4096 (runs/depth-18/data/updates_per_epoch)
 # flag, default (its type is the flag's), help
 OPTIONS = (
     ("--data", str(RUNS / "depth-18" / "data" / "bin"), "binarised en-de data"),
@@ -245,19 +244,14 @@ def copy_weights(plugin, torchscale, pairs=None) -> None:
 
 
 def study_flags(args, total: int):
-    """fairseq-train's arguments as the study gives them (run.sh's, the preset's, the variant's), with
-    the learning rate reaching 0 after *total* updates."""
+    """fairseq-train's arguments as the study gives them (run.sh's, the "cpu" preset's, the variant's),
+    with the learning rate reaching 0 after *total* updates."""
     return [
-        str(args.data), "--user-dir", str(USER_DIR), "--arch", RECIPE_ARCH, "--source-lang", "en", "--target-lang", "de",
-        "--share-all-embeddings", "--dropout", "0.3",
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", "1000", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(args.max_tokens), "--seed", "1",
-        # quality.py's flags after run.sh's: the preset's model and schedule, then the variant's
+        str(args.data), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en", *TRAINING,
+        "--source-lang", "en", "--target-lang", "de", "--dropout", "0.3", "--max-tokens", str(args.max_tokens),
         *PRESETS["cpu"].model, "--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers),
-        "--lr", f"{args.lr:g}", "--warmup-updates", str(args.warmup),
-        "--lr-scheduler", "polynomial_decay", "--total-num-update", str(total), "--end-learning-rate", "0",
-        *VARIANTS["deepnorm"], "--seed", str(args.seed),
+        "--lr", f"{args.lr:g}", "--lr-scheduler", "polynomial_decay", "--warmup-updates", str(args.warmup),
+        "--total-num-update", str(total), "--end-learning-rate", "0", *VARIANTS["deepnorm"], "--seed", str(args.seed),
     ]  # fmt: skip
 
 
@@ -414,7 +408,7 @@ class Arm:
         self.optimizer = optim.build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad])
         self.scheduler = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, self.optimizer)
         self.scheduler.step_update(0)  # Trainer.__init__
-        self.window, self.window_tokens, self.last = 0.0, 0, {}
+        self.window, self.last = [], {}  # window: (loss, target tokens) of each update since the last row
 
     def begin_epoch(self, epoch, updates):  # Trainer.lr_step_begin_epoch
         self.scheduler.step_begin_epoch(epoch)
@@ -439,16 +433,9 @@ class Arm:
         self.optimizer.step()
         self.scheduler.step_update(updates + 1)
         bits = float(logged["loss"]) / float(sample_size) / math.log(2)
-        self.window += bits * float(sample_size)
-        self.window_tokens += float(sample_size)
+        self.window.append((bits, float(sample_size)))
         self.last = {"loss": bits, "gnorm": float(grad_norm)}
         return bits
-
-    def take_window(self):
-        """The mean loss since the last call (None when nothing trained since)."""
-        mean = self.window / self.window_tokens if self.window_tokens else None
-        self.window, self.window_tokens = 0.0, 0
-        return mean
 
 
 def train(arms, task, cfg, criterion, args, pairs=None, on_row=None):
@@ -461,8 +448,10 @@ def train(arms, task, cfg, criterion, args, pairs=None, on_row=None):
     def row(updates):
         r = {"updates": updates, "epoch": iterator.epoch if updates else 0, "lr": arms[0].optimizer.get_lr()}
         for arm in arms:
+            window, arm.window = arm.window, []
+            tokens = sum(n for _, n in window)  # the loss since the last row: its mean, weighted by tokens
             r[arm.name] = {
-                "train_loss": rounded(arm.take_window()),
+                "train_loss": rounded(sum(bits * n for bits, n in window) / tokens if tokens else None),
                 "train_loss_update": rounded(arm.last.get("loss")),
                 "gnorm": rounded(arm.last.get("gnorm")),
                 **measured(arm.model, task, criterion, args.subset, args.max_tokens),
@@ -518,18 +507,16 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     import_plugin()
-    with exit_on_input_error(PROG):
+    with exit_on_failure(PROG):
         _, _, version = import_torchscale()
         if not (args.data / "dict.en.txt").exists():
             raise InputError(f"{args.data}: no binarised en-de data (--data)")
     from fairseq import utils
 
-    cfg, task = training_task(study_flags(args, args.epochs * UPDATES_PER_EPOCH), args.subset)
+    cfg, task = training_task(study_flags(args, total=0), args.subset)  # total: set below, from the data
     plugin = fresh_model(task, cfg)  # fairseq-train's seeding, then task.build_model
     upe = len(train_iterator(cfg, task, plugin))
-    if upe != UPDATES_PER_EPOCH:
-        print(f"[{PROG}] note: {upe} updates an epoch on {args.data}, not {UPDATES_PER_EPOCH}: the schedule follows")
-    total = cfg.lr_scheduler.total_num_update = args.epochs * upe  # the one setting the data's epochs change
+    total = cfg.lr_scheduler.total_num_update = args.epochs * upe
     flags = study_flags(args, total)
     criterion = task.build_criterion(cfg.criterion)
     dictionary, model_args = task.source_dictionary, plugin.args  # the flags with the architecture's defaults

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from common import allocator, commands, fairseq_log, multi30k_args
 from common.host import host
+from common.presets import TRAINING
 from common.repo import REPO, RUNS, USER_DIR, VARIANTS, commit, import_fairseq_quietly, work_folder
 from common.results import header, read_result, write_json, write_result
 from studies.checkpoints import training_task
@@ -106,17 +107,14 @@ def variant_flags(args, variant: str):
 def train_flags(args, bin_dir: Path, variant: str):
     enc, dec = args.layers.split("-")
     return [
-        str(bin_dir), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en",
+        str(bin_dir), "--user-dir", str(USER_DIR), "--arch", "realformer_iwslt_de_en", *TRAINING,
         "--encoder-layers", enc, "--decoder-layers", dec, "--encoder-embed-dim", str(args.dim),
         "--decoder-embed-dim", str(args.dim), "--encoder-ffn-embed-dim", str(args.ffn),
         "--decoder-ffn-embed-dim", str(args.ffn), "--encoder-attention-heads", str(args.heads),
-        "--decoder-attention-heads", str(args.heads), "--share-all-embeddings", "--dropout", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-7",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens),
-        "--max-update", str(args.max_update), "--seed", str(args.seed), "--num-workers", "0",
-        "--log-format", "json", "--log-interval", "10", "--no-save",
-        *variant_flags(args, variant),
+        "--decoder-attention-heads", str(args.heads), "--dropout", "0.1", "--lr", str(args.lr),
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-7",
+        "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update), "--seed", str(args.seed),
+        "--log-interval", "10", "--no-save", *variant_flags(args, variant),
     ]  # fmt: skip
 
 

@@ -19,8 +19,9 @@ import math
 import os
 from pathlib import Path
 
+from common.commands import exit_on_failure
 from common.results import write_result
-from studies.checkpoints import batches, checkpoints_of, exit_on_input_error, import_plugin, load, parser
+from studies.checkpoints import batches, checkpoints_of, import_plugin, load, parser
 
 PROG = "dropout_gap.py"
 
@@ -50,7 +51,7 @@ def main(argv=None):
     args = parse_args(argv)
     import_plugin()
     rows = []
-    with exit_on_input_error(PROG):
+    with exit_on_failure(PROG):
         for checkpoint, data in [c for p in args.paths for c in checkpoints_of(Path(p), args.data)]:
             model, task, criterion, updates, _ = load(checkpoint, data, args.subset)
             off, on = (

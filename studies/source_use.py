@@ -30,9 +30,10 @@ import os
 import re
 from pathlib import Path
 
+from common.commands import InputError, exit_on_failure
 from common.repo import STOCK, VARIANTS, repo_relative
 from common.results import write_result
-from studies.checkpoints import InputError, batches, checkpoints_of, exit_on_input_error, import_plugin, load, parser
+from studies.checkpoints import batches, checkpoints_of, import_plugin, load, parser
 from studies.figures import frame, save, variant_colours
 from studies.runs import RunFolder
 
@@ -205,7 +206,7 @@ def main(argv=None):
     args = parse_args(argv)
     import_plugin()
     rows = []
-    with exit_on_input_error(PROG):
+    with exit_on_failure(PROG):
         for path in args.paths:
             ((checkpoint, data),) = checkpoints_of(Path(path), args.data, average_only=True)
             model, task, criterion, updates, cfg = load(checkpoint, data, args.subset)
