@@ -41,11 +41,7 @@ def parse_args(argv=None):
     p = bench.training_parser(__doc__, MODELS, WHO, updates=30)
     p.add_argument("--layers", type=int, default=18, help="encoder and decoder layers (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="4+4 layers, 12 updates: proves it runs")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.layers, args.updates, args.log_interval = 4, 12, 4
-    bench.check_training_args(p, args, MODELS, "allocator-speed")
-    return args
+    return bench.training_args(p, argv, MODELS, {"layers": 4, "updates": 12, "log_interval": 4})
 
 
 def environment(settings, threads):
@@ -77,16 +73,21 @@ def describe(run):
     return f"{run['words_per_s']:.0f} words/s, peak {run['peak_rss_mb']} MB"
 
 
+def speedup(pair):
+    """The allocator settings' words/s over glibc's defaults, every job's summed."""
+    tuned, default = ([r["words_per_s"] for r in pair[s]["runs"]] for s in ("allocator.py", "glibc defaults"))
+    return sum(tuned) / sum(default)
+
+
 def report(rows):
     """The table: per model and layout, glibc's defaults beside the settings."""
     table = []
     for (model, jobs), pair in rows.items():
         default, tuned = pair["glibc defaults"], pair["allocator.py"]
         speed = [" + ".join(f"{r['words_per_s']:.0f}" for r in cell["runs"]) for cell in (default, tuned)]
-        total = [sum(r["words_per_s"] for r in cell["runs"]) for cell in (default, tuned)]
         peaks = [max(r["peak_rss_mb"] for r in cell["runs"]) for cell in (default, tuned)]
         same = all(a["losses"] == b["losses"] for a, b in zip(default["runs"], tuned["runs"]))
-        table.append([model, f"{jobs} × {default['threads']}", *speed, f"{total[1] / total[0]:.2f}", *peaks])
+        table.append([model, f"{jobs} × {default['threads']}", *speed, f"{speedup(pair):.2f}", *peaks])
         table[-1].append("yes" if same else "NO")
     header = ["model", "jobs × threads", "words/s, glibc defaults", "words/s, allocator.py", "×"]
     return "\n".join(bench.table([*header, "peak RSS MB, defaults", "allocator.py", "same losses"], table))
@@ -101,28 +102,15 @@ def main(argv=None):
             order = bench.in_turn(SETTINGS, len(rows))
             rows[model, jobs] = {setting: measure(args, data, model, jobs, setting) for setting in order}
     print(report(rows), flush=True)
+    what = (
+        f"glibc's allocator settings (common/allocator.py) against glibc's defaults: fairseq-train words/s and "
+        f"peak RSS, {args.layers}+{args.layers} layers at the quality study's widths, Multi30k En-De, float32, CPU"
+    )
+    results = [{"model": model, **cell} for (model, _), pair in rows.items() for cell in pair.values()]
+    ratio = round(statistics.median(speedup(pair) for pair in rows.values()), 2)
+    content = {"what": what, "settings_compared": SETTINGS, "results": results, "ratio_median": ratio}
+    bench.write_json(args, __file__, argv, "cpu", args.machine, ("out", "data"), **content)
     if args.json:
-        ratios = [
-            sum(r["words_per_s"] for r in pair["allocator.py"]["runs"])
-            / sum(r["words_per_s"] for r in pair["glibc defaults"]["runs"])
-            for pair in rows.values()
-        ]
-        what = (
-            f"glibc's allocator settings (common/allocator.py) against glibc's defaults: fairseq-train words/s and "
-            f"peak RSS, {args.layers}+{args.layers} layers at the quality study's widths, Multi30k En-De, float32, CPU"
-        )
-        bench.write_json(
-            args,
-            __file__,
-            argv,
-            "cpu",
-            args.machine,
-            drop=("out", "data"),
-            what=what,
-            settings_compared=SETTINGS,
-            results=[{"model": model, **cell} for (model, _), pair in rows.items() for cell in pair.values()],
-            ratio_median=round(statistics.median(ratios), 2),
-        )
         say(WHO, f"wrote {args.json}")
 
 

@@ -14,6 +14,7 @@ import shutil
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -67,20 +68,8 @@ def build(variant, layers, device, dtype, extra_flags=(), vocab=VOCAB):
     dictionary = Dictionary()
     for i in range(vocab - dictionary.nspecial):
         dictionary.add_symbol(f"w{i}")
-    flags = [
-        "/unused",
-        "--user-dir",
-        str(USER_DIR),
-        *variant_flags(variant),
-        "--share-all-embeddings",
-        "--encoder-layers",
-        str(layers),
-        "--decoder-layers",
-        str(layers),
-        "--dropout",
-        "0.1",
-        *extra_flags,
-    ]
+    flags = ["/unused", "--user-dir", str(USER_DIR), *variant_flags(variant), "--share-all-embeddings"]
+    flags += [*f"--encoder-layers {layers} --decoder-layers {layers} --dropout 0.1".split(), *extra_flags]
     args = options.parse_args_and_arch(options.get_training_parser(), flags)
     task = type("Task", (), {"source_dictionary": dictionary, "target_dictionary": dictionary})
     torch.manual_seed(0)
@@ -131,11 +120,8 @@ class Bench:
         # fp16: Adam steps a float32 copy, which is copied back into the float16 model (FP16Optimizer)
         self.master = [p.detach().float().requires_grad_() for p in self.params] if self.fp16 else None
         self.optimizer = torch.optim.Adam(self.master or self.params, lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
-        self.autocast = (
-            (lambda: precision.autocast(torch.device(args.device).type))
-            if args.dtype == "bf16"
-            else contextlib.nullcontext
-        )
+        bf16 = args.dtype == "bf16"
+        self.autocast = partial(precision.autocast, torch.device(args.device).type) if bf16 else contextlib.nullcontext
         self.tokens = self.sample["target"].numel()
         self.gen_sample = batch(self.dictionary, max(1, args.gen_sentences), length, args.device, seed=1)
         self.generator = SequenceGenerator(
@@ -239,14 +225,16 @@ def in_turn(names, repeat):
 
 
 def training_parser(doc, models, name, updates):
-    """The flags of a benchmark that trains *models* (their keys) on Multi30k and names its work
-    folder runs/NAME (bf16_speed.py, allocator_speed.py); ``check_training_args`` reads them."""
+    """The flags of a benchmark that trains *models* (their keys) on Multi30k in the work folder
+    runs/NAME (bf16_speed.py, allocator_speed.py); ``training_args`` reads them."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(models), help="comma list of %(default)s")
     p.add_argument("--updates", type=int, default=updates, help="training updates per run (default: %(default)s)")
     p.add_argument("--log-interval", type=int, default=10, help="updates per wps line (default: %(default)s)")
     p.add_argument("--data", default=str(MULTI30K), help="Multi30k folder")
-    p.add_argument("--out", help=f"work folder (default: runs/{name}; runs/ is REALFORMER_RUNS when set)")
+    p.add_argument(
+        "--out", default=RUNS / name, help=f"work folder (default: runs/{name}; runs/ is REALFORMER_RUNS when set)"
+    )
     p.add_argument("--machine", default=host())
     p.add_argument("--json", help="also write the numbers here")
     return p
@@ -268,16 +256,21 @@ def prepare_data(data, work, who, tiny=False):
     return folder
 
 
-def check_training_args(p, args, models, name):
-    """A fairseq-train benchmark's --models (a comma list of *models*' keys), --updates and
-    --log-interval checked, one line each (parser *p*); --out made the work folder (runs/NAME)."""
+def training_args(p, argv, models, quick):
+    """*argv* parsed by a fairseq-train benchmark's parser *p*, --quick setting *quick*'s values;
+    --models (a comma list of *models*' keys), --updates and --log-interval checked, one line each;
+    --out made the work folder."""
+    args = p.parse_args(argv)
+    if args.quick:
+        vars(args).update(quick)
     args.models = args.models.split(",")
     unknown = set(args.models) - set(models)
     if unknown:
         p.error(f"--models: unknown {', '.join(sorted(unknown))}; choose from {', '.join(models)}")
     if args.updates < 2 * args.log_interval:
         p.error("--updates must be at least twice --log-interval (the first interval is warm-up)")
-    args.out = work_folder(args.out or RUNS / name)
+    args.out = work_folder(args.out)
+    return args
 
 
 def log_records(output, kind="train_inner"):

@@ -72,12 +72,8 @@ def parse_args(argv=None):
         help="time beam decoding alone in this process, random weights and sources; "
         "--repeats, --gen-sentences and --threads apply",
     )
-    args = p.parse_args(argv)
-    if args.quick:
-        args.models, args.updates, args.log_interval = "small-transformer,small-realformer", 12, 4
-        args.repeats, args.gen_sentences = 1, 40
-    bench.check_training_args(p, args, MODELS, "bf16-speed")
-    return args
+    quick = {"models": "small-transformer,small-realformer", "updates": 12, "log_interval": 4}
+    return bench.training_args(p, argv, MODELS, {**quick, "repeats": 1, "gen_sentences": 40})
 
 
 def cpu_flags(precision):

@@ -1,22 +1,22 @@
-"""A benchmark that keeps its own time: it measures in the order that answers its question first,
-and starts a measurement only if what it expects that one to take fits in the seconds it has left,
-so that a run with a hard limit (a lent GPU's few minutes) ends with what it measured instead of
-being killed in the middle of it.
+"""A benchmark that keeps its own time: it measures in the order that answers its question first
+and starts a measurement only if it is expected to fit in the seconds left, so that a run with a
+hard limit (a lent GPU's few minutes) ends with what it measured instead of being killed.
 
-What a measurement is expected to take comes from what this run has already seen (``Expected``).
-Compiling: before anything has compiled, a stated guess; in a compiled variant's first cell, the
-longest compile seen so far; in its later cells, what it compiled again in its latest later cell
-(its graphs take every batch shape: dynamic), at first nothing. The rest: from the variant's
-latest cell, its training steps scaled by a step's work (layers × tokens), its building and first
-step not; for a variant not seen yet, twice the baseline's (the baseline's steps run beside every
-other variant's). Every expectation is taken ``MARGIN`` times over. The first ``always``
-measurements (the question itself) run whatever the budget says; a cell whose baseline was
-skipped or failed is skipped, since its other variants would compare with nothing.
+``Expected`` takes a measurement's time from what this run has seen. Compiling: before anything
+compiled, the stated guess; in a compiled variant's first cell, the longest compile seen; in its
+later cells, what its latest later cell compiled again (at first nothing: its graphs are dynamic).
+The rest: the variant's latest cell, its training steps scaled by a step's work (layers × tokens);
+for a variant not seen yet, twice the baseline's (which runs beside every other variant). Each
+expectation is taken ``MARGIN`` times over. The first ``always`` measurements (the question) run
+whatever the budget says; a cell whose baseline was skipped or failed is skipped, since its other
+variants would compare with nothing.
 """
 
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
+
+from benchmarks.bench import say
 
 MARGIN = 1.25  # expectations are estimates from one earlier measurement: keep a quarter in hand
 COMPILE_GUESS_S = 120  # --compile-guess: a compiled measurement's compiling, before any has compiled here
@@ -54,6 +54,14 @@ class Budget:
 
     def fits(self, expected_s: float) -> bool:
         return expected_s <= self.left()
+
+    def unaffordable(self, expected_s: float, why: str) -> str:
+        """Why a measurement expected to take *expected_s* seconds (for reason *why*) does not start."""
+        return f"expected {expected_s:.0f} s ({why}), {self.left():.0f} s of {self.seconds:.0f} left"
+
+    def spent(self) -> dict:
+        """The budget and what was used of it, for a result's JSON."""
+        return {"seconds": self.seconds, "used_s": round(self.used(), 1)}
 
 
 @dataclass(frozen=True)
@@ -153,14 +161,8 @@ def run(
     def skip(what: str, variant: str, cell: Cell, reason: str) -> None:
         where = {"size": cell.size, "length": cell.length, "tokens_per_batch": cell.tokens}
         skipped.append({"what": what, "variant": variant, **where, "reason": reason})
-        print(
-            f"[budget {time.strftime('%H:%M:%S')}] skipped {what} of {variant} at {cell.describe()}: {reason}",
-            flush=True,
-        )
+        say("budget", f"skipped {what} of {variant} at {cell.describe()}: {reason}")
         written(records, skipped)
-
-    def unaffordable(expected_s: float, why: str) -> str:
-        return f"expected {expected_s:.0f} s ({why}), {budget.left():.0f} s of {budget.seconds:.0f} left"
 
     def measured(what: str, variant: str, cell: Cell, measure: Callable[[], object]):
         """*measure*(), or None where it failed: one variant's error (a compiler's, say) must not
@@ -180,7 +182,7 @@ def run(
                 continue
             expected_s, why = expected.timing(variant, cell, measurer.compiles(variant))
             if len(records) >= always and not budget.fits(expected_s):
-                skip("timing", variant, cell, unaffordable(expected_s, why))
+                skip("timing", variant, cell, budget.unaffordable(expected_s, why))
                 continue
             start = budget.clock()
             record = measured("timing", variant, cell, lambda: measurer.time(variant, cell))
@@ -195,7 +197,7 @@ def run(
         for variant, (record, timing) in timed.items():
             expected_s, why = expected.probe(variant, timing, measurer.fresh_probes)
             if not budget.fits(expected_s):
-                skip("memory", variant, cell, unaffordable(expected_s, why))
+                skip("memory", variant, cell, budget.unaffordable(expected_s, why))
                 continue
             start = budget.clock()
             peak = measured("memory", variant, cell, lambda: measurer.probe(variant, cell))

@@ -71,16 +71,9 @@ def train(args, data: Path, work: Path, seed: int, compiled: bool) -> dict:
     """One fairseq-train run: words/s, the last logged training loss, the validation losses,
     the compile line."""
     name = f"{'compiled' if compiled else 'eager'}-seed{seed}"
-    command = [
-        fairseq_program("fairseq-train"),
-        str(data),
-        *("--user-dir", str(USER_DIR), *TRAINING),
-        *"--lr-scheduler inverse_sqrt --max-tokens 4096 --no-save --log-interval 10".split(),
-        *flags(args),
-        *("--seed", str(seed)),
-        *(["--bf16"] if args.bf16 else []),
-        *(["--compile-layers"] if compiled else []),
-    ]
+    command = [fairseq_program("fairseq-train"), str(data), "--user-dir", str(USER_DIR), *TRAINING]
+    command += [*"--lr-scheduler inverse_sqrt --max-tokens 4096 --no-save --log-interval 10".split(), *flags(args)]
+    command += ["--seed", str(seed), *(["--bf16"] if args.bf16 else []), *(["--compile-layers"] if compiled else [])]
     say("compiled-train", f"{name}: {shlex.join(command)}")
     run = commands.run(command, work / f"{name}.log", cwd=work, env=allocator.environment(), name=f"the {name} run")
     _, logged = train_log(run.output, args.skip + 1)

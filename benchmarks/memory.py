@@ -44,11 +44,7 @@ def peak_memory(args, variant, size, length):
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        baseline = torch.cuda.memory_allocated()
-        bench = Bench(variant, SIZES[size], length, args)
-        bench.train_steps(args.steps)
-        del bench
-        return torch.cuda.max_memory_allocated() - baseline
+        return _training_peak(args, variant, size, length, torch.cuda.memory_allocated, torch.cuda.max_memory_allocated)
     return in_fresh_process(args, "--memory-probe", variant, size, length)
 
 
@@ -56,10 +52,14 @@ def peak_memory_probe(args, variant, size, length):
     """``peak_memory`` on a CPU, run as a fresh process's only work."""
     import fairseq_realformer  # noqa: F401  (imports fairseq before the baseline is taken)
 
-    baseline = rss_bytes("VmRSS")
-    bench = Bench(variant, SIZES[size], length, args)
-    bench.train_steps(args.steps)
-    return rss_bytes("VmHWM") - baseline
+    return _training_peak(args, variant, size, length, lambda: rss_bytes("VmRSS"), lambda: rss_bytes("VmHWM"))
+
+
+def _training_peak(args, variant, size, length, now, peak):
+    """*peak*() after building *variant* and taking its timed training steps, less *now*() before."""
+    before = now()
+    Bench(variant, SIZES[size], length, args).train_steps(args.steps)
+    return peak() - before
 
 
 def saved_for_backward_bytes(args, variant, size, length):

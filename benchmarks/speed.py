@@ -35,10 +35,12 @@ if __name__ == "__main__" and not __package__:  # run by its path, from any fold
 
 import argparse
 import gc
+import itertools
 import os
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -226,36 +228,25 @@ def main():
             print(measure(args, variant, size, int(length)))
             return
     if args.saved_only:
-        write_results(args, [], count_saved_activations(args), [], Budget(args.budget))
+        write_results(args, [], [], count_saved_activations(args), Budget(args.budget))
         return
     # the question first: the baseline and the next variant given (the GPU command: the compiled
     # RealFormer) at the first cell; then the other variants; then each larger batch, size, length
-    cells = [
-        Cell(size, SIZES[size], length, tokens)
-        for length in args.lengths
-        for size in args.sizes
-        for tokens in args.token_budgets
-    ]
+    grid = itertools.product(args.lengths, args.sizes, args.token_budgets)
+    cells = [Cell(size, SIZES[size], length, tokens) for length, size, tokens in grid]
     variants = sorted(args.variants, key=lambda v: v != BASELINE)  # every other variant is paired with it
     expected = Expected(args.compile_guess, SETUP_GUESS_S, BASELINE)
     budget = Budget(args.budget)
-    runs, skipped = run(
-        cells,
-        variants,
-        Timings(args),
-        budget,
-        expected,
-        lambda runs, skipped: write_results(args, runs, [], skipped, budget),
-    )
+    written = partial(write_results, args, saved=[], budget=budget)  # (runs, skipped): as each is known
+    runs, skipped = run(cells, variants, Timings(args), budget, expected, written)
     args.tokens_per_batch = args.token_budgets[0]
     saved = count_saved_activations(args) if args.saved_activations else []
-    write_results(args, runs, saved, skipped, budget)
+    write_results(args, runs, skipped, saved, budget)
     print(report(args, runs, skipped, budget), flush=True)
 
 
-def write_results(args, runs, saved, skipped, budget):
-    spent = {"seconds": budget.seconds, "used_s": round(budget.used(), 1)}
-    content = {"budget": spent, "runs": runs, "skipped": skipped, "saved_for_backward": saved}
+def write_results(args, runs, skipped, saved, budget):
+    content = {"budget": budget.spent(), "runs": runs, "skipped": skipped, "saved_for_backward": saved}
     write_json(args, __file__, None, device_name(args), machine(args), ("memory_probe", "saved_probe"), **content)
 
 

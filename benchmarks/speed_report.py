@@ -33,6 +33,12 @@ def cell(run):
     return run["size"], run["length"], run["tokens_per_batch"]
 
 
+def with_baselines(runs):
+    """Each run with the baseline's run of its cell ({} where there is none)."""
+    base = {cell(r): r for r in runs if r["variant"] == BASELINE}
+    return [(r, base.get(cell(r), {})) for r in runs]
+
+
 def busy_share(run):
     kernels = run.get("cuda_kernels") or {}
     if not kernels.get("busy_us") or not run.get("train_step_ms"):
@@ -49,15 +55,12 @@ def attention_ms(run):
 
 def report(args, runs, skipped=(), budget=None):
     budgets = ", ".join(map(str, args.token_budgets))
-    header = ["size", "length", "tokens", "variant", "parameters", "train tokens/s", "× fairseq"]
-    header += ["peak memory (MiB)", "× fairseq", "beam-4 sents/s", "× fairseq", "paired × fairseq train / gen"]
-    header += ["spread train / gen"]
+    header = ["size", "length", "tokens", "variant", "parameters", "train tokens/s", "× fairseq", "peak memory (MiB)"]
+    header += ["× fairseq", "beam-4 sents/s", "× fairseq", "paired × fairseq train / gen", "spread train / gen"]
     if args.profile:
         header += ["CUDA kernels / step", "× fairseq", "GPU busy / step", "attention kernels (ms)"]
-    base = {cell(r): r for r in runs if r["variant"] == BASELINE}
     rows = []
-    for r in runs:
-        b = base.get(cell(r), {})
+    for r, b in with_baselines(runs):
         gen = f"{r['gen_sents_per_s']:.2f}" if "gen_sents_per_s" in r else "—"
         gen_spread = f"{r['gen_spread']:.0%}" if "gen_spread" in r else "—"
         row = [*cell(r), r["variant"], f"{r['parameters']:,}", f"{r['train_tokens_per_s']:.0f}"]
@@ -76,8 +79,6 @@ def report(args, runs, skipped=(), budget=None):
         f"generation: beam 4, {args.gen_sentences} sentences per batch",
         "",
         *table(header, rows),
-    ]
-    lines += [
         "",
         "× fairseq: ratio of the medians. paired: median over repeats of the ratio to fairseq's run in "
         "the same repeat (the machine's slow drifts cancel). spread: (max − min) / median of the repeats. "
@@ -105,10 +106,8 @@ def mib(n):
 def short_table(runs, skipped, budget):
     """What a reader of the run's last lines needs: each variant's paired speed and memory against
     the baseline of its cell, its first step, and what the budget skipped."""
-    base = {cell(r): r for r in runs if r["variant"] == BASELINE}
     rows = []
-    for r in runs:
-        b = base.get(cell(r), {})
+    for r, b in with_baselines(runs):
         # a JSON older than speed.py's timing of the first step has none (cpu-speed-quick.json)
         first = f"{r['warmup_s']:.1f} s ({r['compile_s']:.1f} s)" if "warmup_s" in r else "—"
         paired_ratio = "—" if r.get("train_ratio_paired") is None else f"{r['train_ratio_paired']:.3f}"

@@ -242,8 +242,9 @@ def write_results(args, argv, records, skipped, budget):
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "work", "summary", "child")}
     settings.update(configs=[c.name for c in args.configs], sizes=[s.size for s in args.sizes])  # their names
-    spent = {"seconds": args.budget, "used_s": round(budget.used(), 1)}
-    write_json(args, __file__, argv, device, host(), settings=settings, runs=records, skipped=skipped, budget=spent)
+    write_json(
+        args, __file__, argv, device, host(), settings=settings, runs=records, skipped=skipped, budget=budget.spent()
+    )
 
 
 def main(argv=None):
@@ -280,8 +281,7 @@ def main(argv=None):
                 expected_s += MARGIN * compile_s
                 why = f"compiling {compile_s:.0f} s; {why}"
             if len(records) >= args.always and not budget.fits(expected_s):
-                left = f"{budget.left():.0f} s of {budget.seconds:.0f} left"
-                skip(config, cell, f"expected {expected_s:.0f} s ({why}), {left}")
+                skip(config, cell, budget.unaffordable(expected_s, why))
                 continue
             start = budget.clock()
             try:

@@ -199,8 +199,7 @@ def child(spec_path):
     summary["plugin_imported"] = "fairseq_realformer" in sys.modules
     compiled = sys.modules.get("fairseq_realformer.modules.compiled")
     if compiled is not None:
-        summary["compile_s"] = compiled.COMPILE_TIME.seconds
-        summary["graphs"] = compiled.COMPILE_TIME.graphs
+        summary.update(compile_s=compiled.COMPILE_TIME.seconds, graphs=compiled.COMPILE_TIME.graphs)
     summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         summary["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
