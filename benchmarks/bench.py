@@ -21,6 +21,7 @@ import torch
 
 from common import commands, fairseq_log
 from common.host import host
+from common.presets import TRAINING
 from common.repo import MULTI30K, REPO, RUNS, STOCK, USER_DIR, work_folder
 from common.repo import VARIANTS as PLUGIN_VARIANTS  # (read as a file: fairseq is not imported yet)
 from common.results import write_result
@@ -203,12 +204,7 @@ def prepare_multi30k(data, work, who):
     return folder / "bin"
 
 
-# what every benchmark's fairseq-train trains with, besides its model, data, schedule and length
-TRAINING = tuple(
-    "--share-all-embeddings --optimizer adam --adam-betas (0.9,0.98) --criterion label_smoothed_cross_entropy "
-    "--label-smoothing 0.1 --num-workers 0 --log-format json".split()
-)
-# and on Multi30k on a CPU (bf16_speed.py, allocator_speed.py): the plugin, En-De, no validation
+# every benchmark's fairseq-train trains with common.presets.TRAINING; on Multi30k on a CPU (bf16_speed.py, allocator_speed.py): the plugin, En-De, no validation
 MULTI30K_TRAINING = ("--user-dir", str(USER_DIR), *TRAINING) + tuple(
     "--source-lang en --target-lang de --dropout 0.3 --seed 1 --no-progress-bar --disable-validation".split()
 )

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import TRAINING, fairseq_program, log_records, prepare_data, say, table, train_log, write_json
+from benchmarks.bench import fairseq_program, log_records, prepare_data, say, table, train_log, write_json
 from common import allocator, commands
 from common.host import host
-from common.presets import PRESETS
+from common.presets import PRESETS, TRAINING
 from common.repo import USER_DIR, VARIANTS
 
 TINY = (

@@ -56,13 +56,14 @@ from typing import NamedTuple
 
 import torch
 
-from benchmarks.bench import BASELINE, TRAINING, prepare_data, say, train_log, write_json
+from benchmarks.bench import BASELINE, prepare_data, say, train_log, write_json
 from benchmarks.budget import MARGIN, Budget, Cell, Expected
 from benchmarks.budget import add_arguments as add_budget_arguments
 from benchmarks.update_ops import child
 from benchmarks.update_report import from_json, line, report
 from common import commands
 from common.host import host
+from common.presets import TRAINING
 from common.repo import USER_DIR, VARIANTS
 
 CONFIGS = {
