@@ -139,12 +139,8 @@ def depth_section(study):
     lines = [tables.table(study, title, found, across), ""]
     if absent:
         lines.append(f"Paired bootstrap not run: no reference {', '.join(absent)} (--data).")
-    variants = {r.variant for r in runs}
-    one_seed = [
-        f"{a} − {b}"
-        for a, b in scoring.PAIRS
-        if {a, b} <= variants and not any((c["a"], c["b"]) == (a, b) for c in across)
-    ]
+    variants, tested = {r.variant for r in runs}, {(c["a"], c["b"]) for c in across}
+    one_seed = [f"{a} − {b}" for a, b in scoring.PAIRS if {a, b} <= variants and (a, b) not in tested]
     if one_seed:
         lines.append(f"Across seeds: not yet for {', '.join(one_seed)} (the permutation test needs 2 seeds of each).")
     if any(len([r for r in runs if r.variant == v]) > 1 for v in study.settings.variants):
@@ -167,9 +163,8 @@ def across_depths(studies, test_name):
     difference, and the permutation test."""
 
     def with_seeds(study, variant):
-        rate = next(r.lr for r in study.compared if r.variant == variant)
-        n = len(scores(study, variant, test_name))
-        return f"{tables.cell(scores(study, variant, test_name))} (lr {rate:g}, {n} seed{'s' * (n > 1)})"
+        found, rate = scores(study, variant, test_name), next(r.lr for r in study.compared if r.variant == variant)
+        return f"{tables.cell(found)} (lr {rate:g}, {len(found)} seed{'s' * (len(found) > 1)})"
 
     lines = [f"### Depth against depth: test BLEU ({test_name}), each variant at its best rate at each depth"]
     for index, base in enumerate(studies[:-1]):
@@ -181,19 +176,11 @@ def across_depths(studies, test_name):
                     continue
                 delta, p_value, splits = scoring.permutation_test(deep, shallow)
                 p_cell = f"{p_value:.3f} ({splits} splits)" if min(len(deep), len(shallow)) >= 2 else "1 seed"
-                layers = f"{study.layers}+{study.layers}"
-                rows.append(
-                    [variant, layers, with_seeds(study, variant), with_seeds(base, variant), f"{delta:+.2f}", p_cell]
-                )
-        lines += [
-            "",
-            f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p "
-            "where both depths have 2 seeds or more.",
-            "",
-            *tables.markdown(
-                ["variant", "layers", "test BLEU", f"{name} test BLEU", "Δ mean BLEU", "permutation p"], rows
-            ),
-        ]
+                means = [with_seeds(study, variant), with_seeds(base, variant)]
+                rows.append([variant, f"{study.layers}+{study.layers}", *means, f"{delta:+.2f}", p_cell])
+        minus = f"Deeper minus {name}: the difference of the means over seeds, and its exact permutation p"
+        headings = ["variant", "layers", "test BLEU", f"{name} test BLEU", "Δ mean BLEU", "permutation p"]
+        lines += ["", f"{minus} where both depths have 2 seeds or more.", "", *tables.markdown(headings, rows)]
     return "\n".join(lines)
 
 
@@ -239,8 +226,7 @@ def one_rate(studies):
 
 
 def depth_figure(studies, path):
-    """Test sacreBLEU against layers per stack: per variant a dot per seed and its mean joined by a
-    line (figure_lines)."""
+    """Test sacreBLEU against layers per stack: per variant a dot per seed, their mean joined by a line."""
     test_name = studies[0].test_names[0]
     # the shallowest study's description without its depth: "Multi30k en→de test_2016_flickr, d=128, ..."
     what = re.sub(r"^(Multi30k [^,]+), \d+\+\d+ layers,", rf"\1 {test_name},", studies[0].what)
@@ -254,11 +240,10 @@ def depth_figure(studies, path):
         shift = (i - (len(variants) - 1) / 2) * 0.3  # side by side at each depth: the seeds stay apart
         for layers, found, _ in trained:
             ax.scatter([layers + shift] * len(found), found, color=colours[variant], s=18, alpha=0.7, zorder=3)
-        whole = [(layers, found) for layers, found, every_seed in trained if every_seed]  # means of trained seeds only
-        depths = [layers + shift for layers, _ in whole]
-        means = [statistics.mean(found) for _, found in whole]
+        means = [(layers + shift, statistics.mean(found)) for layers, found, every_seed in trained if every_seed]
         # a variant that trained nowhere plots nothing here, but still gets its legend entry
-        ax.plot(depths, means, "-", marker="_", markersize=14, color=colours[variant], label=textwrap.fill(label, 60))
+        line = dict(marker="_", markersize=14, color=colours[variant], label=textwrap.fill(label, 60))
+        ax.plot([depth for depth, _ in means], [mean for _, mean in means], "-", **line)
     ticks = [study.layers for study in studies]
     ax.set_xticks(ticks, [f"{n}\n({n}+{n})" for n in ticks])
     title = "Test BLEU against depth, each variant at its best peak lr (dots: seeds; line: their mean)\n"

@@ -67,8 +67,7 @@ def save(fig, path):
 
 
 def figures(record, folder, stem):
-    """Validation loss against updates (seeds as a band) and test sacreBLEU per variant, of the runs
-    compared."""
+    """Validation loss against updates (seeds as a band) and test sacreBLEU per variant, of the runs compared."""
     what = textwrap.fill(record.what, 85)  # the title's second line: what was measured on which data and machine
     runs = record.scored
     present = list(dict.fromkeys(r.label for r in runs))
@@ -112,10 +111,6 @@ def figures(record, folder, stem):
     return [*paths, save(fig, folder / f"{stem}.bleu.png")]
 
 
-def depth(record):
-    return f"{record.layers}+{record.layers} layers"
-
-
 def sweep_lines(records, test_name):
     """Per sweep of *records* (the first solid, the others dashed) and the first's variants: the
     first seed's test sacreBLEU at every rate it finished, and where it diverged."""
@@ -128,7 +123,7 @@ def sweep_lines(records, test_name):
             lines.append(
                 {
                     "variant": variant,
-                    "label": f"{variant} ({depth(record)})" if len(records) > 1 else variant,
+                    "label": f"{variant} ({record.layers}+{record.layers} layers)" if len(records) > 1 else variant,
                     "style": "--" if index else "-",
                     "lr": [r.lr for r in scored],
                     "bleu": [r.test_sets[test_name]["sacrebleu"] for r in scored],

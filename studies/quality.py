@@ -138,14 +138,13 @@ def build_parser():
 def comma_list(p, flag, given, expected, kind=int):
     """The comma list *given* for --*flag*, of *kind*; a one-line error naming the flag if it is not one."""
     try:
-        return [kind(s) for s in given.split(",") if s.strip()]
+        return [kind(s.strip()) for s in given.split(",") if s.strip()]
     except ValueError:
         p.error(f"--{flag} {given}: expected {expected}")
 
 
 def parse_args(argv=None):
-    """The study the command line asks for, and its Outputs; one line naming the flag for anything
-    that cannot work."""
+    """The study the command line asks for, and its Outputs; one line naming the flag for what cannot work."""
     p = build_parser()
     args = p.parse_args(argv)
     multi30k_args.check(p, args, also=STOCK)
@@ -160,26 +159,23 @@ def parse_args(argv=None):
     if args.quick and args.preset == "published":  # run.sh: --tiny and --published exclude each other
         p.error("--quick: the published recipe has no tiny form; drop --quick, or use --preset cpu")
     preset_name = "quick" if args.quick else args.preset
-    lrs = (
-        [PRESETS[preset_name].lr]
-        if args.lr is None
-        else comma_list(p, "lr", args.lr, "a number or a comma list of numbers, e.g. 1e-3,2e-3", float)
-    )
-    if args.lr is not None and (any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs)):
-        p.error(f"--lr {args.lr}: learning rates must be positive and different")
-    sweep, best_seeds, best_variants = len(lrs) > 1, [], None
-    if args.widen and not sweep:
+    lrs = [PRESETS[preset_name].lr]
+    if args.lr is not None:
+        lrs = comma_list(p, "lr", args.lr, "a number or a comma list of numbers, e.g. 1e-3,2e-3", float)
+        if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+            p.error(f"--lr {args.lr}: learning rates must be positive and different")
+    if args.widen and len(lrs) < 2:
         p.error("--widen: needs several --lr to widen")
     if args.best_variants is not None and args.best_seeds_given is None:
         p.error("--best-variants: only with --best-seeds")
+    best_seeds, best_variants = [], None
     if args.best_seeds_given is not None:
-        best_seeds = sorted(
-            set(comma_list(p, "best-seeds", args.best_seeds_given, "a comma list of integers, e.g. 2,3"))
-        )
-        if not sweep:
+        given = comma_list(p, "best-seeds", args.best_seeds_given, "a comma list of integers, e.g. 2,3")
+        best_seeds = sorted(set(given))
+        if len(lrs) < 2:
             p.error("--best-seeds: needs several --lr to choose from")
         if args.best_variants is not None:
-            best_variants = [v.strip() for v in args.best_variants.split(",") if v.strip()]
+            best_variants = comma_list(p, "best-variants", args.best_variants, "names", str)
             unknown = [v for v in best_variants if v not in args.variants]
             if unknown or not best_variants:
                 p.error(f"--best-variants {','.join(unknown)}: give some of --variants ({','.join(args.variants)})")
@@ -187,8 +183,7 @@ def parse_args(argv=None):
             already = ",".join(map(str, seeds))
             p.error(f"--best-seeds {args.best_seeds_given}: the sweep's --seeds already train {already}")
     pair = f"{args.source_lang}-{args.target_lang}"
-    as_given = ("variants", "data", "widen", "bf16", "source_lang", "target_lang", "test_sets", "jobs", "json")
-    as_given += ("machine", "dropout_gap")
+    as_given = "variants data widen bf16 source_lang target_lang test_sets jobs json machine dropout_gap".split()
     study = Study(
         preset_name=preset_name,
         seeds=seeds,
@@ -211,9 +206,7 @@ def main(argv=None):
     if outputs.status:  # reads the run folders and the --json, writes nothing
         print(status.table(study, previous))
         return
-    # a report trains nothing: its JSON names the machines the runs trained on, not this one
-    reporting_only = outputs.report_only and previous and previous.machine
-    study = dataclasses.replace(study, machine=previous.machine if reporting_only else study.machines(previous))
+    study = dataclasses.replace(study, machine=study.machines(previous, outputs.report_only))
     if outputs.report_only:
         if not (study.out / "data" / "bin").exists() and not study.record(previous).runs:
             raise SystemExit(
@@ -246,10 +239,8 @@ def report(study, outputs, given, record, show=True):
     if study.sweep and show:
         print(tables.sweep_table(record), flush=True)
     if record.compared and show:  # in a sweep: each variant at its best rate
-        title = (
-            "Each variant at its best peak learning rate (chosen on validation BLEU)" if study.sweep else record.what
-        )
-        print(tables.table(record, title, found, across_seeds), flush=True)
+        best = "Each variant at its best peak learning rate (chosen on validation BLEU)"
+        print(tables.table(record, best if study.sweep else record.what, found, across_seeds), flush=True)
     if outputs.figures:
         paths = draw(study, outputs, record)
         if show:
@@ -259,8 +250,7 @@ def report(study, outputs, given, record, show=True):
 
 
 def draw(study, outputs, record):
-    """The sweep's figure (test BLEU against rate, --beside another depth's) and the figures of each
-    variant at its best rate; their paths."""
+    """The paths of the sweep's figure (--beside another depth's) and those of each variant at its best rate."""
     stem = Path(study.json).stem if study.json else f"quality-{study.pair}-{study.preset_name}"
     folder, paths = Path(outputs.figures), []
     if study.sweep:

@@ -13,25 +13,18 @@ RECIPE_ARCH = "realformer_iwslt_de_en"  # run.sh's default ARCH
 MAX_TOKENS = "4096"  # run.sh's --max-tokens
 
 
-def language_flags(study):
+def run_flags(study, prepare_only=False):
+    """The recipe's options: how the data are prepared, then --prepare-only or a run's --bf16, then the languages."""
+    middle = ["--prepare-only"] if prepare_only else ["--bf16"] if study.bf16 else []
     languages = ["--source-lang", study.source_lang, "--target-lang", study.target_lang]
-    return languages + (["--test-sets", study.test_sets] if study.test_sets else [])
-
-
-def data_flags(study):
-    """The recipe's options that decide how the data are prepared."""
-    return [*(["--tiny"] if study.quick else []), *study.preset.recipe]
-
-
-def run_flags(study):
-    """The recipe's options of one training run (besides the languages)."""
-    return [*data_flags(study), *(["--bf16"] if study.bf16 else []), *language_flags(study)]
+    tests = ["--test-sets", study.test_sets] if study.test_sets else []
+    return [*(["--tiny"] if study.quick else []), *study.preset.recipe, *middle, *languages, *tests]
 
 
 def prepare_data(study):
     """Binarise the data once for every run (run.sh --prepare-only; skipped when done), one study at a time."""
     data_dir = study.out / "data"
-    cmd = ["bash", str(RECIPE), *data_flags(study), "--prepare-only", *language_flags(study), study.data, str(data_dir)]
+    cmd = ["bash", str(RECIPE), *run_flags(study, prepare_only=True), study.data, str(data_dir)]
     print(f"[quality] data: {' '.join(cmd)}", flush=True)
     study.out.mkdir(parents=True, exist_ok=True)
     with open(study.out / "prepare.log", "a") as lock:

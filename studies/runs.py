@@ -202,8 +202,7 @@ class RunFolder:
         return divergence(lines_of(self / "train.log"), self / "checkpoints" / "crash.pt")
 
     def checkpoints(self, average_only=False):
-        """The epoch checkpoints in order, then the average the translations came from if made;
-        *average_only*: that one."""
+        """The epoch checkpoints in order, then the average the translations came from (*average_only*: it)."""
         epochs = self._epoch_checkpoints()
         average = [f for f in [self / "checkpoints" / "checkpoint_avg.pt"] if f.exists()]
         return average if average_only else [epochs[e] for e in sorted(epochs)] + average
@@ -370,11 +369,10 @@ def unrecorded_spans(lines, attempts):
     invocations = []  # [first, last] timestamp of each fairseq-train in the log
     for line in lines:
         stamp = fairseq_log.timestamp(line)
-        if stamp is None or not (invocations or _TRAIN_START in line):
-            continue
-        if _TRAIN_START in line:
+        if stamp is not None and _TRAIN_START in line:
             invocations.append([stamp, stamp])
-        invocations[-1][1] = stamp
+        elif stamp is not None and invocations:
+            invocations[-1][1] = stamp
     spans = _recorded_spans(attempts)
     return [
         (first, round((last - first).total_seconds(), 1))

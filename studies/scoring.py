@@ -98,10 +98,7 @@ def seed_comparisons(runs, pairs=PAIRS):
         if len(mine[a]) < 2 or len(mine[b]) < 2:
             continue
         for name in mine[a][0].test_sets:
-            delta, p_value, splits = permutation_test(
-                [primary(r.test_sets[name]) for r in mine[a]],
-                [primary(r.test_sets[name]) for r in mine[b]],
-            )
+            delta, p_value, splits = permutation_test(*([primary(r.test_sets[name]) for r in mine[v]] for v in (a, b)))
             seeds = dict(seeds_a=[r.seed for r in mine[a]], seeds_b=[r.seed for r in mine[b]])
             result = dict(delta_mean=round(delta, 2), p_value=round(p_value, 4), splits=splits)
             found.append(dict(a=a, b=b, test_set=name, **seeds, **result))
@@ -126,13 +123,8 @@ def summary(runs, labels):
         mine = [r for r in runs if r.label == label and not r.diverged]
         if not mine:
             continue
-        entry = {"seeds": [r.seed for r in mine]}
-        entry.update(
-            {
-                key: spread([getattr(r, key) for r in mine])
-                for key in ("updates", "wall_s", "tokens_per_s", "best_valid_loss")
-            }
-        )
+        numbers = ("updates", "wall_s", "tokens_per_s", "best_valid_loss")
+        entry = {"seeds": [r.seed for r in mine], **{key: spread([getattr(r, key) for r in mine]) for key in numbers}}
         for name, first in mine[0].test_sets.items():
             metrics = [m for m in ("bleu_tok", "sacrebleu", "chrf", "bleu_lc") if m in first]
             entry[name] = {m: spread([r.test_sets[name][m] for r in mine]) for m in metrics}

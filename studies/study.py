@@ -76,18 +76,12 @@ class Study:
         # --widen: the rate beyond each edge, trained for a variant whose best is at that edge
         edges = beyond_edges(self.lrs).values() if self.widen else ()
         self.beyond = [self._config(variant, lr, True) for variant in self.variants for lr in edges]
+        self.all_configs = self.configs + self.beyond
+        self.labels = [config.label for config in self.all_configs]
 
     def _config(self, variant, lr, rate_named):
         label = f"{variant} lr={lr:g}" if self.sweep else variant
         return RunConfig(label, variant, lr, (f"-lr{lr:g}" if rate_named else "") + self.run_suffix)
-
-    @property
-    def all_configs(self):
-        return self.configs + self.beyond
-
-    @property
-    def labels(self):
-        return [config.label for config in self.all_configs]
 
     def run_folder(self, config, seed):
         return self.out / f"{config.variant}{config.suffix}" / f"seed{seed}"
@@ -115,10 +109,9 @@ class Study:
     def previous(self):
         """The StudyRecord of the --json this study goes on from; None without one, or when its runs
         were trained otherwise (DEFINING)."""
-        path = Path(self.json) if self.json else None
-        if path is None or not path.exists():
+        if not self.json or not Path(self.json).exists():
             return None
-        record, mine = StudyRecord.load(path, self.data), self.settings()
+        record, mine = StudyRecord.load(self.json, self.data), self.settings()
         return record if all(getattr(record.settings, k) == getattr(mine, k) for k in DEFINING) else None
 
     def config(self, variant, lr):
@@ -154,12 +147,13 @@ class Study:
             return True
         return all(v in record.best for v in (self.variants if self.widen else self.best_variants or self.variants))
 
-    def machines(self, previous):
-        """--machine, after *previous*'s machine (where its runs trained) unless that names it."""
+    def machines(self, previous, report_only=False):
+        """--machine, after *previous*'s machine (where its runs trained) unless that names it; a
+        report (*report_only*: it trains nothing) names *previous*'s alone."""
         before = previous.machine if previous else None
         if not before:
             return self.machine
-        return before if self.machine in before else f"{before}; later runs: {self.machine}"
+        return before if report_only or self.machine in before else f"{before}; later runs: {self.machine}"
 
     def save(self, argv, record, found, across_seeds, show=True):
         """--json: *record*, its translations committed beside it, and its comparisons."""
@@ -244,12 +238,9 @@ class StudyRecord:
         otherwise than the first names its variants with what differs ("deepnorm, warm-up 1600")."""
 
         def named(part, name):  # a variant or a run's label
-            differs = [
-                (k, getattr(part.settings, k))
-                for k in DEFINING
-                if getattr(parts[0].settings, k) != getattr(part.settings, k)
-            ]
-            return ", ".join([name] + [f"{k.replace('warmup', 'warm-up')} {value}" for k, value in differs])
+            mine, first = vars(part.settings), vars(parts[0].settings)
+            differs = [f"{k.replace('warmup', 'warm-up')} {mine[k]}" for k in DEFINING if mine[k] != first[k]]
+            return ", ".join([name, *differs])
 
         variants = list(dict.fromkeys(named(part, v) for part in parts for v in part.settings.variants))
         runs = [
@@ -276,7 +267,6 @@ class StudyRecord:
         return [(v, lr) for v in (self.settings.variants if self.sweep else []) for lr in self._beyond(v)]
 
     def _beyond(self, variant):
-        """With --widen, the rate beyond the edge of --lr that *variant*'s best is at, if it is."""
         lrs = self.settings.lrs
         edge = beyond_edges(lrs).get(self._best_of(variant, lrs)) if self.settings.widen else None
         return [edge] if edge else []
@@ -331,13 +321,10 @@ class StudyRecord:
 
     def missing_seeds(self):
         """Per variant with a best rate, the seeds asked of it there that are not in yet."""
-        missing, waiting = {}, self.undecided()
-        for variant in (v for v in self.settings.variants if v not in waiting):
-            present = {r.seed for r in self.compared if r.variant == variant}
-            wanted = [s for s in self.settings.seeds + self.further_seeds(variant) if s not in present]
-            if wanted:
-                missing[variant] = wanted
-        return missing
+        waiting, present = self.undecided(), {(r.variant, r.seed) for r in self.compared}
+        asked = {v: self.settings.seeds + self.further_seeds(v) for v in self.settings.variants if v not in waiting}
+        missing = {v: [s for s in seeds if (v, s) not in present] for v, seeds in asked.items()}
+        return {v: seeds for v, seeds in missing.items() if seeds}
 
 
 def beyond_edges(lrs):

@@ -35,17 +35,13 @@ def run_all(study, data_dir, previous=None, on_finished=None):
     signal.signal(signal.SIGTERM, runner.stop)
     queued, errors, pending = set(), [], set()
     with ThreadPoolExecutor(max_workers=study.jobs) as pool:
-
-        def submit(config, seed):
-            known = previous is not None and previous.run(config.variant, config.lr, seed) is not None
-            if not known and (config.label, seed) not in queued:
-                queued.add((config.label, seed))
-                pending.add(pool.submit(runner.run, config, seed))
-
         record = study.record(previous)
         while True:
             for config, seed in study.plan(record):  # what the record decides now, once each
-                submit(config, seed)
+                known = previous is not None and previous.run(config.variant, config.lr, seed) is not None
+                if not known and (config.label, seed) not in queued:
+                    queued.add((config.label, seed))
+                    pending.add(pool.submit(runner.run, config, seed))
             if not pending:
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -154,8 +150,7 @@ class Runner:
 
 
 def record_dropout_gap(folder, jobs):
-    """dropout_gap.py on a finished run's checkpoints, once (a record that exists is whole); what
-    went wrong, or None."""
+    """dropout_gap.py on a finished run's checkpoints, once (a record that exists is whole); None, or what failed."""
     if folder.dropout_gap_file.exists() or not folder.checkpoints():
         return None
     say(f"dropout gap: {folder.path}")

@@ -6,6 +6,10 @@ from studies.scoring import BOOTSTRAP_SAMPLES, mean_std, primary
 # The published recipe's reference: Wu et al. 2021 ("Good for Misconceived Reasons", ACL 2021; code
 # LividWo/Revisit-MMT, README-baseline.md), a text-only fairseq Transformer of 4+4 layers, d=128.
 PUBLISHED_BLEU = {"test_2016_flickr": 41.02}
+SIGNATURES = {  # the line under a test set's table, by whether the study is the published recipe's
+    False: (("sacreBLEU", "signature"), ("chrF", "chrf_signature"), ("lowercased BLEU", "bleu_lc_signature")),
+    True: (("the literature's BLEU", "bleu_tok_signature"), ("sacreBLEU", "signature"), ("chrF", "chrf_signature")),
+}
 
 
 def cell(values, digits=2, scale=1.0):
@@ -40,7 +44,7 @@ def score_columns(name, published):
     ]
 
 
-def table(record, title, comparisons_found, across_seeds=()):
+def table(record, title, found, across_seeds=()):
     """A study's runs compared (StudyRecord.scored): per test set the mean ± std over seeds, then the
     comparisons seed by seed and across seeds (the published recipe's on the literature's BLEU)."""
     lines = [title, ""]
@@ -67,32 +71,15 @@ def table(record, title, comparisons_found, across_seeds=()):
             rows.append([label, ",".join(str(r.seed) for r in mine), *cells])
         lines += [f"**{name}** (mean ± sample std over seeds)", "", *markdown(["variant", "seeds", *headings], rows)]
         first = mine[0].test_sets[name]
-        signatures = (
-            f"the literature's BLEU: {first['bleu_tok_signature']}; sacreBLEU: {first['signature']}; "
-            f"chrF: {first['chrf_signature']}"
-            if published
-            else f"sacreBLEU: {first['signature']}; chrF: {first['chrf_signature']}; "
-            f"lowercased BLEU: {first['bleu_lc_signature']}"
-        )
-        lines += ["", signatures, ""]
-    if comparisons_found:
+        lines += ["", "; ".join(f"{score}: {first[key]}" for score, key in SIGNATURES[published]), ""]
+    if found:
+        rows = [[c["a"], c["b"], c["test_set"], c["seed"], f"{c['delta']:+.2f}", f"{c['p_value']:.3f}"] for c in found]
         bootstrap = f"Paired bootstrap resampling (sacrebleu, {BOOTSTRAP_SAMPLES} samples), {metric} of a minus b"
-        rows = [
-            [c["a"], c["b"], c["test_set"], c["seed"], f"{c['delta']:+.2f}", f"{c['p_value']:.3f}"]
-            for c in comparisons_found
-        ]
-        lines += [
-            f"{bootstrap}, seed by seed:",
-            "",
-            *markdown(["a", "b", "test set", "seed", "Δ BLEU", "p-value"], rows),
-        ]
+        lines += [f"{bootstrap}, seed by seed:", ""]
+        lines += markdown(["a", "b", "test set", "seed", "Δ BLEU", "p-value"], rows)
     if across_seeds:
-        lines += [
-            "",
-            f"Across seeds: difference of the {metric} means, a minus b, and its exact permutation test "
-            "(every split of the seeds' scores into the two groups):",
-            "",
-        ]
+        across = f"Across seeds: difference of the {metric} means, a minus b, and its exact permutation test"
+        lines += ["", f"{across} (every split of the seeds' scores into the two groups):", ""]
         rows = [
             [c["a"], c["b"], c["test_set"], " / ".join(",".join(map(str, c[k])) for k in ("seeds_a", "seeds_b"))]
             + [f"{c['delta_mean']:+.2f}", f"{c['p_value']:.3f}", c["splits"]]
@@ -103,8 +90,7 @@ def table(record, title, comparisons_found, across_seeds=()):
 
 
 def last_gap(run):
-    """The last checkpoint its dropout-gap record scored (the averaged one, when made) as "off / on
-    (checkpoint)"; "—" without one."""
+    """The last checkpoint its dropout-gap record scored (the average, if made): "off / on (checkpoint)", or "—"."""
     rows = (run.dropout_gap or {}).get("rows") if run else None
     if not rows:
         return "—"
@@ -140,14 +126,11 @@ def sweep_table(record):
             rows.append([f"{variant}{star}", f"{lr:g}", *cells, *([last_gap(r)] if gaps else [])])
     intro = f"Seed {seed} at each peak learning rate (★: the variant's best on validation BLEU):"
     lines = [record.what, "", intro, "", *markdown(headings, rows)]
-    diverged = [r for r in runs if r.diverged]
+    diverged = [
+        f"{r.variant} lr={r.lr:g} seed {r.seed} at update {r.diverged['update']} ({r.diverged['reason']})"
+        for r in runs
+        if r.diverged
+    ]
     if diverged:
-        lines += [
-            "",
-            "Diverged (stopped there, not retried): "
-            + "; ".join(
-                f"{r.variant} lr={r.lr:g} seed {r.seed} at update {r.diverged['update']} ({r.diverged['reason']})"
-                for r in diverged
-            ),
-        ]
+        lines += ["", f"Diverged (stopped there, not retried): {'; '.join(diverged)}"]
     return "\n".join(lines)
