@@ -211,12 +211,14 @@ class Timings:
         return peak_memory(self.args, variant, cell.size, cell.length)
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     if args.summary:
         result = read_result(args.summary)
+        # a JSON older than --tokens-per-batch's comma list keeps its one batch size in its settings
+        runs = [{"tokens_per_batch": result["settings"].get("tokens_per_batch"), **run} for run in result["runs"]]
         print(f"{result['device']}; {result['date']}")
-        print(short_table(result["runs"], result.get("skipped", []), None))
+        print(short_table(runs, result.get("skipped", []), None))
         return
     import_fairseq_quietly()
     # several variants and cells in one process keep their graphs side by side on each layer

@@ -1,7 +1,17 @@
 """What the GPU run reads from its profile (benchmarks/speed.py --profile): the device's busy time
 and its share of a training step. Pure arithmetic on spans, so it is tested here without a GPU."""
 
-from benchmarks import bench, cuda_profile, speed_report
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench, cuda_profile, speed, speed_report
+
+RESULTS = Path(speed.__file__).parent / "results"
+SPEED_RESULTS = [
+    p for p in sorted(RESULTS.glob("*.json")) if "benchmarks/speed.py" in json.loads(p.read_text())["command"]
+]
 
 
 def test_busy_time_is_the_union_of_kernel_spans():
@@ -27,3 +37,13 @@ def test_a_compiled_variant_is_its_variant_with_compiled_layers():
     assert bench.variant_flags("fairseq+compiled") == bench.variant_flags("fairseq") == ["--arch", "transformer"]
     for unknown in ("realformer+fused", "nothing+compiled"):
         assert not bench.known_variant(unknown)
+
+
+@pytest.mark.parametrize("path", SPEED_RESULTS, ids=lambda path: path.stem)
+def test_every_committed_speed_result_prints_its_summary(path, capsys):
+    """``speed.py --summary JSON``: a line a run, each committed result, the oldest included (their
+    batch size in the settings, not in each run: cpu-speed-quick-value-residual-resi-dual.json)."""
+    speed.main(["--summary", str(path)])
+    runs = json.loads(path.read_text())["runs"]
+    lines = capsys.readouterr().out.splitlines()
+    assert len([line for line in lines if line.startswith("| ") and "/" in line.split("|")[1]]) == len(runs)
